@@ -1,0 +1,5 @@
+//! The `dsh` command line.
+
+fn main() {
+    println!("dsh {}", env!("CARGO_PKG_VERSION"));
+}

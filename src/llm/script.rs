@@ -1,0 +1,1 @@
+//! OWNER: providers helper (issue 4).

@@ -1,0 +1,1 @@
+//! OWNER: CLI/scenario work (issue 5): the scenario file format and the `expect` matcher.

@@ -1,0 +1,648 @@
+//! The durable event: the v0 envelope and every payload the runtime writes (`reference/session-llm.md`
+//! §1.2–§1.7), with a lossless JSON codec.
+//!
+//! Envelope keys, in this order: `type, seq, time, data, ignorable?, sourceEventSeqs?, surfaceOp?`.
+//! Payload structs use camelCase keys in the original's order and omit absent optionals, so an event we
+//! write, parsed and written again, is byte-identical. Types owned by plugins of the original (known
+//! names in `KNOWN_EVENT_TYPES`) and unknown types marked `ignorable: true` are kept verbatim as
+//! `EventData::Other`; an unknown type without the mark is refused by the reader.
+//!
+//! Who calls this: `session::log` builds events, the stores encode and decode them, `dsh export/import`
+//! move them between processes.
+
+use std::sync::Arc;
+
+use serde::de::Error as _;
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
+use serde_json::{Number, Value};
+
+use crate::ids::SessionId;
+use crate::llm::types::{LlmFailure, Message, RequestHeader, StreamChunk, TokenUsage};
+
+/// Every event type name the original harness knows (its generated `KNOWN_SESSION_EVENT_TYPES`). A
+/// reader refuses any other type unless the record is marked `ignorable: true`.
+pub const KNOWN_EVENT_TYPES: &[&str] = &[
+    "agent-preset/selected",
+    "agent/inbox/spliced",
+    "approval/asked",
+    "approval/decided",
+    "approval/policy",
+    "assistant/chunk",
+    "assistant/message",
+    "command/done",
+    "command/run",
+    "compaction/end",
+    "compaction/prune",
+    "compaction/start",
+    "compaction/summary",
+    "feedback/record",
+    "goal/change",
+    "hook/invoked",
+    "hook/result",
+    "llm/retry",
+    "llm/retry-started",
+    "permission/preset",
+    "plan/mode",
+    "request/context",
+    "request/header",
+    "sandbox/mode",
+    "schedule/change",
+    "session/end-seed",
+    "session/title",
+    "session/title-llm-request",
+    "step/end",
+    "step/start",
+    "subagent/descriptor",
+    "team/member",
+    "team/message/delivered",
+    "team/message/queued",
+    "team/task",
+    "todo/write",
+    "tool-workflow/agent-end",
+    "tool-workflow/agent-start",
+    "tool-workflow/run-end",
+    "tool-workflow/run-start",
+    "tool/call",
+    "tool/code-dispatch",
+    "tool/code-dispatch-start",
+    "tool/result",
+    "turn/end",
+    "turn/start",
+    "user/message",
+    "web/deepseek-search-llm-request",
+];
+
+/// True for the three types whose events form the model-visible surface.
+pub fn is_surface_type(kind: &str) -> bool {
+    matches!(kind, "user/message" | "assistant/message" | "tool/result")
+}
+
+/// One entry of a session log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    /// Position in the log. Invariant (enforced by `Session::append` and the loader): equals the number
+    /// of events before it, so seqs are contiguous from 0.
+    pub seq: u64,
+    /// Unix epoch milliseconds when the event was appended. Not monotonic (clocks step back).
+    pub time: i64,
+    pub data: EventData,
+    /// Only ever `true` when present: a reader that does not know the type may skip the event.
+    pub ignorable: bool,
+    /// Earlier seqs this event cites. Only on surface types.
+    pub source_event_seqs: Option<Vec<u64>>,
+    /// How the event changes the surface. Present exactly on surface types.
+    pub surface_op: Option<SurfaceOp>,
+}
+
+impl Event {
+    /// The event's `type` string.
+    pub fn kind(&self) -> &str {
+        self.data.kind()
+    }
+
+    /// Serializes the event as one line of v0 JSON (no trailing newline).
+    pub fn to_json(&self) -> String {
+        // Serialization of our own types cannot fail: every map key is a string and every number is
+        // finite (`Number` cannot hold NaN).
+        serde_json::to_string(self).expect("events always serialize")
+    }
+
+    /// Parses one v0 event.
+    ///
+    /// # Errors
+    /// `EventParseError` naming what was wrong: bad JSON, an envelope key that is missing or extra, an
+    /// unknown type without `ignorable: true`, or a payload that does not match its type.
+    pub fn from_json(json: &str) -> Result<Event, EventParseError> {
+        serde_json::from_str(json).map_err(|e| EventParseError(e.to_string()))
+    }
+}
+
+/// Why a JSON text is not a valid v0 event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid event: {0}")]
+pub struct EventParseError(pub String);
+
+/// `"append"` or `{"op":"replace","start":S,"end":E}` where S and E are seqs of current surface nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SurfaceOp {
+    Append,
+    Replace { start: u64, end: u64 },
+}
+
+impl Serialize for SurfaceOp {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            SurfaceOp::Append => s.serialize_str("append"),
+            SurfaceOp::Replace { start, end } => {
+                let mut m = s.serialize_map(Some(3))?;
+                m.serialize_entry("op", "replace")?;
+                m.serialize_entry("start", start)?;
+                m.serialize_entry("end", end)?;
+                m.end()
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SurfaceOp {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Replace {
+            op: String,
+            start: u64,
+            end: u64,
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Str(String),
+            Replace(Replace),
+        }
+        match Raw::deserialize(d).map_err(|_| D::Error::custom("invalid surfaceOp"))? {
+            Raw::Str(s) if s == "append" => Ok(SurfaceOp::Append),
+            Raw::Replace(r) if r.op == "replace" => Ok(SurfaceOp::Replace {
+                start: r.start,
+                end: r.end,
+            }),
+            _ => Err(D::Error::custom("invalid surfaceOp")),
+        }
+    }
+}
+
+/// The payload of an event, which also determines its `type`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EventData {
+    /// `agent/inbox/spliced`
+    InboxSpliced(InboxSpliced),
+    /// `turn/start`
+    TurnStart(TurnStart),
+    /// `turn/end`
+    TurnEnd(TurnEnd),
+    /// `step/start`
+    StepStart(StepRef),
+    /// `step/end`
+    StepEnd(StepRef),
+    /// `user/message` — the message itself is the payload.
+    UserMessage(Arc<Message>),
+    /// `request/header`
+    RequestHeader(RequestHeaderEvent),
+    /// `request/context`
+    RequestContext(RequestContext),
+    /// `assistant/chunk`
+    AssistantChunk(AssistantChunk),
+    /// `assistant/message`
+    AssistantMessage(AssistantMessageEvent),
+    /// `tool/call`
+    ToolCall(ToolCallEvent),
+    /// `tool/result`
+    ToolResult(ToolResultEvent),
+    /// `llm/retry`
+    LlmRetry(LlmRetry),
+    /// `llm/retry-started`
+    LlmRetryStarted(LlmRetryStarted),
+    /// `session/end-seed` (payload `{}`)
+    SessionEndSeed,
+    /// Any other type, payload verbatim: a plugin type of the original, or an ignorable unknown one.
+    Other { kind: String, data: Value },
+}
+
+impl EventData {
+    pub fn kind(&self) -> &str {
+        match self {
+            EventData::InboxSpliced(_) => "agent/inbox/spliced",
+            EventData::TurnStart(_) => "turn/start",
+            EventData::TurnEnd(_) => "turn/end",
+            EventData::StepStart(_) => "step/start",
+            EventData::StepEnd(_) => "step/end",
+            EventData::UserMessage(_) => "user/message",
+            EventData::RequestHeader(_) => "request/header",
+            EventData::RequestContext(_) => "request/context",
+            EventData::AssistantChunk(_) => "assistant/chunk",
+            EventData::AssistantMessage(_) => "assistant/message",
+            EventData::ToolCall(_) => "tool/call",
+            EventData::ToolResult(_) => "tool/result",
+            EventData::LlmRetry(_) => "llm/retry",
+            EventData::LlmRetryStarted(_) => "llm/retry-started",
+            EventData::SessionEndSeed => "session/end-seed",
+            EventData::Other { kind, .. } => kind,
+        }
+    }
+
+    /// The message this event contributes to the surface, if it is a surface type.
+    pub fn message(&self) -> Option<&Arc<Message>> {
+        match self {
+            EventData::UserMessage(m) => Some(m),
+            EventData::AssistantMessage(a) => Some(&a.message),
+            EventData::ToolResult(r) => Some(&r.message),
+            _ => None,
+        }
+    }
+}
+
+/// Which pending queue an inbox splice changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InboxTarget {
+    NextTurn,
+    NextStep,
+}
+
+/// `outcome` of a splice that discarded messages (cancel, remove, replace). Claims carry none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SpliceOutcome {
+    Canceled,
+}
+
+/// `agent/inbox/spliced`: one normalized splice of one pending queue.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InboxSpliced {
+    pub target: InboxTarget,
+    pub start: u64,
+    /// Present only when > 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed_count: Option<u64>,
+    pub inserted: Vec<Arc<Message>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<SpliceOutcome>,
+}
+
+/// `turn/start`
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TurnStart {
+    pub turn: u64,
+}
+
+/// `turn/end`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TurnEnd {
+    pub turn: u64,
+    pub reason: TurnEndReason,
+}
+
+/// Why a turn ended.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum TurnEndReason {
+    Completed,
+    MaxTokens,
+    Blocked,
+    Aborted { reason: CancelCause },
+    Error { error: LlmFailure },
+    /// Written only by crash repair for a turn left open in the log.
+    Interrupted,
+}
+
+impl TurnEndReason {
+    /// The reason's `kind` tag.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TurnEndReason::Completed => "completed",
+            TurnEndReason::MaxTokens => "max-tokens",
+            TurnEndReason::Blocked => "blocked",
+            TurnEndReason::Aborted { .. } => "aborted",
+            TurnEndReason::Error { .. } => "error",
+            TurnEndReason::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// Why a turn was cancelled.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum CancelCause {
+    User,
+    Parent,
+    Hook { reason: String },
+    Disposed,
+    /// Only in logs converted from the original's old `{kind:"aborted"}` shape.
+    Legacy,
+}
+
+/// `step/start` and `step/end`
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepRef {
+    pub turn: u64,
+    pub step: u64,
+}
+
+/// Why a `request/header` was logged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HeaderReason {
+    /// The first request of a conversation.
+    Initial,
+    /// The first request of a new loop instance over an existing log (restart, resume).
+    Resume,
+    /// The header differs from the one in force.
+    Change,
+}
+
+/// `request/header`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestHeaderEvent {
+    pub header: RequestHeader,
+    pub reason: HeaderReason,
+}
+
+/// `request/context`: route capacity metadata, logged when it changes. Not part of reconstruction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RequestContext {
+    pub provider: String,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
+}
+
+/// `assistant/chunk`: one raw stream chunk, in arrival order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AssistantChunk {
+    pub turn: u64,
+    pub step: u64,
+    pub chunk: StreamChunk,
+}
+
+/// `assistant/message`: the assembled message of one successful (or interrupted) attempt.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AssistantMessageEvent {
+    pub turn: u64,
+    pub step: u64,
+    pub message: Arc<Message>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<TokenUsage>,
+    /// Only ever `Some(true)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<bool>,
+}
+
+/// `tool/call`: a started (or synthetic never-started) tool invocation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ToolCallEvent {
+    pub turn: u64,
+    pub step: u64,
+    pub call_id: String,
+    pub name: String,
+    /// The raw argument string as the model produced it.
+    pub arguments: String,
+}
+
+/// Internal failure identity on a tool result (`{name, code}`), e.g. `AbortError/ABORTED`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolErrorInfo {
+    pub name: String,
+    pub code: String,
+}
+
+/// `tool/result`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolResultEvent {
+    pub turn: u64,
+    pub step: u64,
+    pub message: Arc<Message>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ToolErrorInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<Value>,
+}
+
+/// `llm/retry`: a retry was scheduled inside the open step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LlmRetry {
+    pub retry_id: String,
+    pub turn: u64,
+    pub step: u64,
+    pub provider: String,
+    /// `normal` or `always`.
+    pub mode: String,
+    pub policy_key: String,
+    pub retry: u64,
+    /// Present in `normal` mode only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retries: Option<u64>,
+    /// Milliseconds; the original may write fractions.
+    pub delay_ms: Number,
+    pub failure: LlmFailure,
+}
+
+/// `llm/retry-started`: the scheduled retry's wait ended and the request is re-issued.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LlmRetryStarted {
+    pub retry_id: String,
+    pub turn: u64,
+    pub step: u64,
+    pub retry: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EmptyPayload {}
+
+impl Serialize for Event {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let n = 4
+            + usize::from(self.ignorable)
+            + usize::from(self.source_event_seqs.is_some())
+            + usize::from(self.surface_op.is_some());
+        let mut m = s.serialize_map(Some(n))?;
+        m.serialize_entry("type", self.kind())?;
+        m.serialize_entry("seq", &self.seq)?;
+        m.serialize_entry("time", &self.time)?;
+        match &self.data {
+            EventData::InboxSpliced(d) => m.serialize_entry("data", d)?,
+            EventData::TurnStart(d) => m.serialize_entry("data", d)?,
+            EventData::TurnEnd(d) => m.serialize_entry("data", d)?,
+            EventData::StepStart(d) | EventData::StepEnd(d) => m.serialize_entry("data", d)?,
+            EventData::UserMessage(d) => m.serialize_entry("data", d)?,
+            EventData::RequestHeader(d) => m.serialize_entry("data", d)?,
+            EventData::RequestContext(d) => m.serialize_entry("data", d)?,
+            EventData::AssistantChunk(d) => m.serialize_entry("data", d)?,
+            EventData::AssistantMessage(d) => m.serialize_entry("data", d)?,
+            EventData::ToolCall(d) => m.serialize_entry("data", d)?,
+            EventData::ToolResult(d) => m.serialize_entry("data", d)?,
+            EventData::LlmRetry(d) => m.serialize_entry("data", d)?,
+            EventData::LlmRetryStarted(d) => m.serialize_entry("data", d)?,
+            EventData::SessionEndSeed => m.serialize_entry("data", &EmptyPayload {})?,
+            EventData::Other { data, .. } => m.serialize_entry("data", data)?,
+        }
+        if self.ignorable {
+            m.serialize_entry("ignorable", &true)?;
+        }
+        if let Some(seqs) = &self.source_event_seqs {
+            m.serialize_entry("sourceEventSeqs", seqs)?;
+        }
+        if let Some(op) = &self.surface_op {
+            m.serialize_entry("surfaceOp", op)?;
+        }
+        m.end()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEnvelope<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: std::borrow::Cow<'a, str>,
+    seq: u64,
+    time: i64,
+    #[serde(borrow)]
+    data: &'a RawValue,
+    #[serde(default)]
+    ignorable: Option<bool>,
+    #[serde(rename = "sourceEventSeqs", default)]
+    source_event_seqs: Option<Vec<u64>>,
+    #[serde(rename = "surfaceOp", default)]
+    surface_op: Option<SurfaceOp>,
+}
+
+/// Parses the payload of an event of type `kind`.
+///
+/// # Errors
+/// When `kind` is unknown and the event is not ignorable, or the payload does not match the type.
+pub fn parse_data(kind: &str, data: &str, ignorable: bool) -> Result<EventData, String> {
+    fn typed<'a, T: Deserialize<'a>>(kind: &str, data: &'a str) -> Result<T, String> {
+        serde_json::from_str(data).map_err(|e| format!("{kind} payload: {e}"))
+    }
+    Ok(match kind {
+        "agent/inbox/spliced" => EventData::InboxSpliced(typed(kind, data)?),
+        "turn/start" => EventData::TurnStart(typed(kind, data)?),
+        "turn/end" => EventData::TurnEnd(typed(kind, data)?),
+        "step/start" => EventData::StepStart(typed(kind, data)?),
+        "step/end" => EventData::StepEnd(typed(kind, data)?),
+        "user/message" => EventData::UserMessage(typed(kind, data)?),
+        "request/header" => EventData::RequestHeader(typed(kind, data)?),
+        "request/context" => EventData::RequestContext(typed(kind, data)?),
+        "assistant/chunk" => EventData::AssistantChunk(typed(kind, data)?),
+        "assistant/message" => EventData::AssistantMessage(typed(kind, data)?),
+        "tool/call" => EventData::ToolCall(typed(kind, data)?),
+        "tool/result" => EventData::ToolResult(typed(kind, data)?),
+        "llm/retry" => EventData::LlmRetry(typed(kind, data)?),
+        "llm/retry-started" => EventData::LlmRetryStarted(typed(kind, data)?),
+        "session/end-seed" => {
+            let _: EmptyPayload = typed(kind, data)?;
+            EventData::SessionEndSeed
+        }
+        _ if KNOWN_EVENT_TYPES.contains(&kind) || ignorable => EventData::Other {
+            kind: kind.to_string(),
+            data: typed(kind, data)?,
+        },
+        _ => {
+            return Err(format!(
+                "event type {kind:?} is unknown and not marked ignorable"
+            ));
+        }
+    })
+}
+
+impl<'de> Deserialize<'de> for Event {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = RawEnvelope::deserialize(d)?;
+        let ignorable = match raw.ignorable {
+            None => false,
+            Some(true) => true,
+            Some(false) => return Err(D::Error::custom("ignorable must be true when present")),
+        };
+        let data = parse_data(&raw.kind, raw.data.get(), ignorable).map_err(D::Error::custom)?;
+        Ok(Event {
+            seq: raw.seq,
+            time: raw.time,
+            data,
+            ignorable,
+            source_event_seqs: raw.source_event_seqs,
+            surface_op: raw.surface_op,
+        })
+    }
+}
+
+/// Immutable creation metadata of a session, kept beside its log (the export header line).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionHeader {
+    /// Always 0 (the v0 format).
+    pub version: u32,
+    pub id: SessionId,
+    /// Unix epoch milliseconds.
+    pub created_at: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_session: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed_length: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
+    #[serde(default)]
+    pub delegation_depth: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_preset: Option<String>,
+}
+
+impl SessionHeader {
+    /// A minimal header `{version: 0, id, createdAt}`.
+    pub fn new(id: SessionId, created_at_ms: u64) -> SessionHeader {
+        SessionHeader {
+            version: 0,
+            id,
+            created_at: created_at_ms,
+            cwd: None,
+            parent_session: None,
+            seed_length: None,
+            origin: None,
+            delegation_depth: 0,
+            agent_preset: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelope_round_trips_byte_for_byte() {
+        let lines = [
+            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1}}"#,
+            r#"{"type":"user/message","seq":1,"time":2,"data":{"id":"m1","role":"user","content":[{"type":"text","text":"hi"}],"source":{"kind":"user"}},"surfaceOp":"append"}"#,
+            r#"{"type":"assistant/chunk","seq":2,"time":3,"data":{"turn":1,"step":1,"chunk":{"type":"tool-call-delta","index":0,"id":"c1","name":"read","argumentsDelta":"{\"a\""}}}"#,
+            r#"{"type":"assistant/message","seq":3,"time":3,"data":{"turn":1,"step":1,"message":{"id":"a","role":"assistant","content":[{"type":"image","attachment":{"x":1}}],"source":{"kind":"model","provider":"p","model":"m"}},"usage":{"inputTokens":1,"outputTokens":2}},"sourceEventSeqs":[2],"surfaceOp":{"op":"replace","start":1,"end":1}}"#,
+            r#"{"type":"turn/end","seq":4,"time":5,"data":{"turn":1,"reason":{"kind":"aborted","reason":{"kind":"hook","reason":"x"}}}}"#,
+            r#"{"type":"session/title","seq":5,"time":5,"data":{"title":"t","z":1,"a":[1.5,2]}}"#,
+            r#"{"type":"future/thing","seq":6,"time":5,"data":null,"ignorable":true}"#,
+            r#"{"type":"session/end-seed","seq":7,"time":5,"data":{}}"#,
+        ];
+        for line in lines {
+            let event = Event::from_json(line).unwrap();
+            assert_eq!(event.to_json(), line);
+        }
+    }
+
+    #[test]
+    fn reader_refuses_unknown_types_and_envelope_keys() {
+        let bad = [
+            r#"{"type":"future/thing","seq":0,"time":1,"data":{}}"#,
+            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1},"extra":1}"#,
+            r#"{"type":"turn/start","seq":0,"time":1}"#,
+            r#"{"type":"turn/start","seq":0.5,"time":1,"data":{"turn":1}}"#,
+            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1},"ignorable":false}"#,
+            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1,"trigger":{}}}"#,
+        ];
+        for line in bad {
+            assert!(Event::from_json(line).is_err(), "{line} accepted");
+        }
+    }
+}

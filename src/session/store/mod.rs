@@ -1,0 +1,154 @@
+//! The session store: durable logs behind an async trait free of any backend's types.
+//!
+//! "Acknowledged means durable": `append` resolves only after the batch is on stable storage. The
+//! default backend is SQLite (`sqlite.rs`: one database under the data directory, WAL,
+//! `synchronous=FULL`, one writer thread doing group commit across all sessions). `memory.rs` keeps logs
+//! in memory for tests and benchmarks. `jsonl.rs` reads and writes DSH v0 JSON lines for
+//! `dsh export`/`import`. A PostgreSQL backend for several machines will implement the same trait.
+//!
+//! What must stay true: a session's stored events are contiguous from seq 0; an append whose first seq
+//! is not the stored next seq is refused; after a failed fsync a store refuses every later write
+//! (`StoreError::Poisoned`) — it never retries an fsync and assumes the data is safe.
+
+pub mod jsonl;
+pub mod memory;
+pub mod sqlite;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::ids::SessionId;
+use crate::session::event::{Event, SessionHeader};
+
+/// One event serialized as v0 JSON, ready for a store. Encoding happens on the caller's thread so
+/// the store's single writer thread only does I/O.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncodedEvent {
+    pub seq: u64,
+    /// The event's `type`, kept beside the JSON so a backend can index it without parsing.
+    pub kind: String,
+    pub json: Bytes,
+}
+
+impl EncodedEvent {
+    pub fn encode(event: &Event) -> EncodedEvent {
+        EncodedEvent {
+            seq: event.seq,
+            kind: event.kind().to_string(),
+            json: Bytes::from(event.to_json()),
+        }
+    }
+}
+
+/// A session read back by `load`: validated, with an open tail turn closed durably.
+#[derive(Clone, Debug)]
+pub struct LoadedSession {
+    pub header: SessionHeader,
+    /// The whole log, including any closers this load appended.
+    pub events: Vec<Event>,
+    /// How many events at the end of `events` are repair closers appended by this load.
+    pub n_repaired: usize,
+}
+
+/// What `inspect` found, without writing anything.
+#[derive(Clone, Debug)]
+pub struct Inspection {
+    pub header: SessionHeader,
+    /// The valid stored prefix.
+    pub events: Vec<Event>,
+    /// The closers a `load` would append.
+    pub closers: Vec<Event>,
+    /// A torn tail a `load` would cut: the first bad seq and why.
+    pub torn_tail: Option<(u64, String)>,
+}
+
+/// One row of `list`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionSummary {
+    pub header: SessionHeader,
+    pub n_events: u64,
+    /// `time` of the last event, if any.
+    pub last_time: Option<i64>,
+}
+
+/// Why a store operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("session {id} not found")]
+    NotFound { id: SessionId },
+    #[error("session {id} already exists")]
+    AlreadyExists { id: SessionId },
+    #[error("session {id}: append starts at seq {got}, the stored log ends before seq {expected}")]
+    SeqMismatch {
+        id: SessionId,
+        expected: u64,
+        got: u64,
+    },
+    #[error("the store refuses writes since a failed sync: {cause}")]
+    Poisoned { cause: String },
+    #[error("stored session {id} failed validation at seq {seq}: {reason}")]
+    Corrupt {
+        id: SessionId,
+        seq: u64,
+        reason: String,
+    },
+    #[error("{op} failed: {cause}")]
+    Io { op: &'static str, cause: String },
+    #[error("the store is closed")]
+    Closed,
+}
+
+/// A durable home for session logs. Implementations are shared by every agent of a process.
+#[async_trait]
+pub trait SessionStore: Send + Sync + 'static {
+    /// A short backend name for reports (`sqlite`, `memory`).
+    fn name(&self) -> &'static str;
+
+    /// Registers a new session. Nothing is durable until its first `append`, which commits the header
+    /// together with the events (a session with no events is not listed).
+    ///
+    /// # Errors
+    /// `AlreadyExists` when a session with this id is stored or registered.
+    async fn create(&self, header: &SessionHeader) -> Result<(), StoreError>;
+
+    /// Appends a batch; resolves once it is on stable storage. Batches from many sessions share one
+    /// sync.
+    ///
+    /// # Errors
+    /// `NotFound` for an unknown id, `SeqMismatch` when `events[0].seq` is not the stored next seq or
+    /// the batch is not contiguous, `Poisoned` after a failed sync, `Io` for other failures.
+    async fn append(&self, id: &SessionId, events: Vec<EncodedEvent>) -> Result<(), StoreError>;
+
+    /// Reads a session, validates it, and if its last turn is open appends the repair closers
+    /// (`session::repair`) durably before returning. A torn tail after the last `turn/end` is cut;
+    /// damage before it is `Corrupt`.
+    ///
+    /// # Errors
+    /// `NotFound`, `Corrupt`, `Poisoned` (when a repair must be written), `Io`.
+    async fn load(&self, id: &SessionId) -> Result<LoadedSession, StoreError>;
+
+    /// Like `load` but writes nothing: reports the closers and torn tail a load would write.
+    ///
+    /// # Errors
+    /// `NotFound`, `Corrupt`, `Io`.
+    async fn inspect(&self, id: &SessionId) -> Result<Inspection, StoreError>;
+
+    /// Every session with at least one durable event, in creation order.
+    ///
+    /// # Errors
+    /// `Io`.
+    async fn list(&self) -> Result<Vec<SessionSummary>, StoreError>;
+
+    /// Deletes a session and its log. Returns whether it existed.
+    ///
+    /// # Errors
+    /// `Poisoned`, `Io`.
+    async fn delete(&self, id: &SessionId) -> Result<bool, StoreError>;
+
+    /// The header of a stored or registered session.
+    ///
+    /// # Errors
+    /// `Io`.
+    async fn header(&self, id: &SessionId) -> Result<Option<SessionHeader>, StoreError>;
+}

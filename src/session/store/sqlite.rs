@@ -1,0 +1,1 @@
+//! OWNER: store helper (issue 2, item 7).

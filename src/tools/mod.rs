@@ -1,0 +1,134 @@
+//! Tools: the `Tool` trait, its input and output, the registry, and the scheduling rules
+//! (`schedule`) the tool-pool actor drives.
+//!
+//! A tool declares its name, description and JSON-schema parameters, and decides per call whether the
+//! call may overlap others (`ExecutionMode::Parallel`) or must run alone (`Exclusive`, a barrier). A
+//! tool never fails the turn: an error, a panic, a timeout or bad arguments become an error *result*
+//! the model sees.
+
+pub mod registry;
+pub mod schedule;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::ids::SessionId;
+use crate::llm::types::{ContentBlock, Message, ToolSchema};
+use crate::session::event::ToolErrorInfo;
+
+pub use registry::ToolRegistry;
+
+/// Whether a call may overlap other calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExecutionMode {
+    /// Safe to run beside other parallel calls, within the pool cap.
+    Parallel,
+    /// A barrier: runs alone, after everything before it drained.
+    Exclusive,
+}
+
+/// A call's arguments as the tool receives them: `{}` for an empty string, the parsed JSON value, or
+/// the raw string when it is not valid JSON (the tool then validates or rejects it).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolArgs {
+    Json(Value),
+    Raw(String),
+}
+
+impl ToolArgs {
+    /// Parses a model's raw argument string leniently, as the original does.
+    pub fn parse(raw: &str) -> ToolArgs {
+        if raw.trim().is_empty() {
+            return ToolArgs::Json(Value::Object(Default::default()));
+        }
+        match serde_json::from_str(raw) {
+            Ok(v) => ToolArgs::Json(v),
+            Err(_) => ToolArgs::Raw(raw.to_string()),
+        }
+    }
+
+    /// The JSON value, if the arguments parsed.
+    pub fn json(&self) -> Option<&Value> {
+        match self {
+            ToolArgs::Json(v) => Some(v),
+            ToolArgs::Raw(_) => None,
+        }
+    }
+}
+
+/// One tool call as handed to `Tool::execute`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolInvocation {
+    pub session_id: SessionId,
+    pub turn: u64,
+    pub step: u64,
+    /// The model's call id.
+    pub call_id: String,
+    pub name: String,
+    pub arguments: ToolArgs,
+}
+
+/// What a tool call produced.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ToolOutput {
+    pub is_error: bool,
+    /// The model-facing result content.
+    pub content: Vec<ContentBlock>,
+    /// Internal failure identity (`{name, code}`), logged on the `tool/result` event.
+    pub error: Option<ToolErrorInfo>,
+    /// Tool-private presentation payload, logged verbatim.
+    pub meta: Option<Value>,
+    /// User messages queued to next-step after this call's result, in order.
+    pub additional_contexts: Vec<Message>,
+    /// The model is not asked again after this step unless next-step has input.
+    pub concludes_turn: bool,
+}
+
+impl ToolOutput {
+    /// A successful text result.
+    pub fn text(text: impl Into<String>) -> ToolOutput {
+        ToolOutput {
+            content: vec![ContentBlock::text(text)],
+            ..ToolOutput::default()
+        }
+    }
+
+    /// An error result whose text is `Error: <message>`, as the model sees every tool failure.
+    pub fn error(message: impl AsRef<str>, info: Option<ToolErrorInfo>) -> ToolOutput {
+        ToolOutput {
+            is_error: true,
+            content: vec![ContentBlock::text(format!("Error: {}", message.as_ref()))],
+            error: info,
+            ..ToolOutput::default()
+        }
+    }
+}
+
+/// A tool the model can call.
+#[async_trait]
+pub trait Tool: Send + Sync + 'static {
+    fn name(&self) -> &str;
+    fn description(&self) -> &str;
+    /// The JSON schema of the arguments object.
+    fn parameters(&self) -> Value;
+
+    /// How this call may be scheduled. The default is the safe choice: exclusive.
+    fn execution_mode(&self, args: &ToolArgs) -> ExecutionMode {
+        let _ = args;
+        ExecutionMode::Exclusive
+    }
+
+    /// Runs the call. `cancel` fires when the turn is cancelled; a cooperative tool returns promptly
+    /// (its actor is killed after the grace period otherwise).
+    async fn execute(&self, call: ToolInvocation, cancel: CancellationToken) -> ToolOutput;
+
+    /// The schema the model sees.
+    fn schema(&self) -> ToolSchema {
+        ToolSchema {
+            name: self.name().to_string(),
+            description: self.description().to_string(),
+            parameters: self.parameters(),
+        }
+    }
+}

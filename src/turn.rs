@@ -1,0 +1,1 @@
+//! OWNER: turn machine (issue 3).
