@@ -82,8 +82,11 @@ pub trait PreStepHook: Send + Sync + 'static {
 pub trait RequestHook: Send + Sync + 'static {
     /// # Errors
     /// A failure ends the turn `error` (it is not offered to `request_error`).
-    async fn request(&self, ctx: &HookCtx, config: LlmCallConfig)
-    -> Result<LlmCallConfig, HookError>;
+    async fn request(
+        &self,
+        ctx: &HookCtx,
+        config: LlmCallConfig,
+    ) -> Result<LlmCallConfig, HookError>;
 }
 
 /// The facts a `request_error` hook decides on.
@@ -157,7 +160,9 @@ pub trait TurnStoppingHook: Send + Sync + 'static {
 pub enum PreExecute {
     Allow,
     /// The body does not run; the model sees an error result with this reason.
-    Deny { reason: String },
+    Deny {
+        reason: String,
+    },
 }
 
 /// Observes and polices tool calls. `pre_execute` runs one call at a time in model order before the
@@ -200,8 +205,10 @@ impl Hooks {
         let mut out = self.clone();
         out.pre_step.extend(other.pre_step.iter().cloned());
         out.request.extend(other.request.iter().cloned());
-        out.request_error.extend(other.request_error.iter().cloned());
-        out.turn_stopping.extend(other.turn_stopping.iter().cloned());
+        out.request_error
+            .extend(other.request_error.iter().cloned());
+        out.turn_stopping
+            .extend(other.turn_stopping.iter().cloned());
         out.tool.extend(other.tool.iter().cloned());
         out
     }

@@ -194,11 +194,16 @@ mod tests {
 
     #[test]
     fn session_ids_cannot_name_paths() {
-        for bad in ["", ".", "..", "../x", "a/b", "a\\b", "-x", "_x", "a b", "a\0", "é"] {
+        for bad in [
+            "", ".", "..", "../x", "a/b", "a\\b", "-x", "_x", "a b", "a\0", "é",
+        ] {
             assert!(SessionId::new(bad).is_err(), "{bad:?} accepted");
         }
         for good in ["a", "s-0123", "A.b_c-d", "9"] {
-            assert_eq!(SessionId::new(good).map(|s| s.to_string()), Ok(good.to_string()));
+            assert_eq!(
+                SessionId::new(good).map(|s| s.to_string()),
+                Ok(good.to_string())
+            );
         }
         let long = "a".repeat(129);
         assert_eq!(

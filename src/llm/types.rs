@@ -290,7 +290,8 @@ impl ContentBlock {
                 _ => Err(format!("{tag} block field {k} must be a string")),
             }
         };
-        let exact = |want: &[&str]| keys.len() == want.len() && want.iter().all(|k| map.contains_key(*k));
+        let exact =
+            |want: &[&str]| keys.len() == want.len() && want.iter().all(|k| map.contains_key(*k));
         match tag {
             "text" if exact(&["type", "text"]) => Ok(ContentBlock::Text {
                 text: str_of("text")?,
@@ -298,11 +299,13 @@ impl ContentBlock {
             "reasoning" if exact(&["type", "text"]) => Ok(ContentBlock::Reasoning {
                 text: str_of("text")?,
             }),
-            "tool-call" if exact(&["type", "id", "name", "arguments"]) => Ok(ContentBlock::ToolCall {
-                id: str_of("id")?,
-                name: str_of("name")?,
-                arguments: str_of("arguments")?,
-            }),
+            "tool-call" if exact(&["type", "id", "name", "arguments"]) => {
+                Ok(ContentBlock::ToolCall {
+                    id: str_of("id")?,
+                    name: str_of("name")?,
+                    arguments: str_of("arguments")?,
+                })
+            }
             "tool-result"
                 if exact(&["type", "toolCallId", "content"])
                     || exact(&["type", "toolCallId", "content", "isError"]) =>

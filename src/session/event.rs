@@ -293,8 +293,12 @@ pub enum TurnEndReason {
     Completed,
     MaxTokens,
     Blocked,
-    Aborted { reason: CancelCause },
-    Error { error: LlmFailure },
+    Aborted {
+        reason: CancelCause,
+    },
+    Error {
+        error: LlmFailure,
+    },
     /// Written only by crash repair for a turn left open in the log.
     Interrupted,
 }
@@ -319,7 +323,9 @@ impl TurnEndReason {
 pub enum CancelCause {
     User,
     Parent,
-    Hook { reason: String },
+    Hook {
+        reason: String,
+    },
     Disposed,
     /// Only in logs converted from the original's old `{kind:"aborted"}` shape.
     Legacy,
