@@ -149,6 +149,15 @@ impl Session {
         Ok(self.events.last().expect("an event was just pushed"))
     }
 
+    /// Appends an event that already has its seq and time (replaying a tail written while the log was
+    /// not in memory), with the same validation as `append`.
+    ///
+    /// # Errors
+    /// `AppendError` naming the broken rule; the log is unchanged.
+    pub fn push_event(&mut self, event: Event) -> Result<(), AppendError> {
+        self.push_checked(event)
+    }
+
     fn push_checked(&mut self, event: Event) -> Result<(), AppendError> {
         let expected = self.next_seq();
         if event.seq != expected {
