@@ -473,6 +473,22 @@ impl AgentCore {
         }
     }
 
+    /// The ticket of the tool batch in progress, if any.
+    pub fn tool_batch_ticket(&self) -> Option<u64> {
+        match self.running().map(|run| &run.stage) {
+            Some(Stage::Tools(b)) => Some(b.ticket),
+            _ => None,
+        }
+    }
+
+    /// The ticket of the stream in progress, if any.
+    pub fn stream_ticket(&self) -> Option<u64> {
+        match self.running().map(|run| &run.stage) {
+            Some(Stage::Streaming(a)) if !a.finished => Some(a.ticket),
+            _ => None,
+        }
+    }
+
     /// Every event with seq below this is durable.
     pub fn durable_seq(&self) -> u64 {
         self.durable_seq

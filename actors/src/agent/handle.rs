@@ -1,0 +1,254 @@
+//! `AgentHandle`: the public API of one agent, and `InputError`, why an input was refused.
+//!
+//! Every input method (`followup`, `steer`, `inject`, `cancel`, `remove`, `replace`) returns only
+//! after what it wrote is durable ("acknowledged means durable"). A refused input changes nothing.
+//! A handle stays valid across restarts: it reaches the agent through its registry slot, which the
+//! host points at the new actor; calls made while the agent restarts wait for it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dsh::inbox::AdmitError;
+use dsh::llm::types::Message;
+use dsh::session::Event;
+use dsh::session::event::CancelCause;
+use dsh::{MessageId, SessionId};
+use ractor::ActorRef;
+use tokio::sync::{oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::msg::{AgentMsg, Reply, StatusReport};
+use crate::observe::{Channel, Subscription};
+
+/// Why an input call was refused. Nothing was written unless the variant says otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InputError {
+    #[error("input refused: {0}")]
+    Refused(#[from] AdmitError),
+    #[error("agent {id} not found")]
+    NotFound { id: SessionId },
+    #[error("agent {id} already exists")]
+    AlreadyExists { id: SessionId },
+    #[error("agent {id} refuses input: {reason}")]
+    Failed { id: SessionId, reason: String },
+    #[error("agent {id} was disposed")]
+    Disposed { id: SessionId },
+    #[error(
+        "agent {id} stopped before acknowledging; the input may or may not be durable (check its log)"
+    )]
+    Interrupted { id: SessionId },
+    #[error("agent {id} already has active work")]
+    Busy { id: SessionId },
+    #[error("agent {id}: {reason}")]
+    Store { id: SessionId, reason: String },
+}
+
+/// Where an agent's current actor is.
+#[derive(Clone, Debug)]
+pub(crate) enum SlotState {
+    Live(ActorRef<AgentMsg>),
+    Restarting,
+    Failed(String),
+    Disposed,
+}
+
+/// The registry entry of one agent, shared by the host and every handle.
+#[derive(Debug)]
+pub(crate) struct AgentSlot {
+    pub(crate) id: SessionId,
+    pub(crate) state: watch::Sender<SlotState>,
+    pub(crate) observers: Channel,
+    /// Held by the session writer while an append is in flight.
+    pub(crate) write_fence: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl AgentSlot {
+    pub(crate) fn new(id: SessionId, subscriber_buffer_max: usize) -> AgentSlot {
+        AgentSlot {
+            id,
+            state: watch::Sender::new(SlotState::Restarting),
+            observers: Channel::new(subscriber_buffer_max),
+            write_fence: Arc::new(tokio::sync::Mutex::new(())),
+        }
+    }
+
+    pub(crate) fn set(&self, state: SlotState) {
+        self.state.send_replace(state);
+    }
+
+    pub(crate) fn current(&self) -> SlotState {
+        self.state.borrow().clone()
+    }
+}
+
+/// A handle to one agent. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct AgentHandle {
+    pub(crate) slot: Arc<AgentSlot>,
+}
+
+impl AgentHandle {
+    pub fn id(&self) -> &SessionId {
+        &self.slot.id
+    }
+
+    async fn actor(&self) -> Result<ActorRef<AgentMsg>, InputError> {
+        let mut rx = self.slot.state.subscribe();
+        loop {
+            let state = rx.borrow_and_update().clone();
+            match state {
+                SlotState::Live(actor) => return Ok(actor),
+                SlotState::Failed(reason) => {
+                    return Err(InputError::Failed {
+                        id: self.id().clone(),
+                        reason,
+                    });
+                }
+                SlotState::Disposed => {
+                    return Err(InputError::Disposed {
+                        id: self.id().clone(),
+                    });
+                }
+                SlotState::Restarting => {
+                    if rx.changed().await.is_err() {
+                        return Err(InputError::Disposed {
+                            id: self.id().clone(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    async fn request<T>(&self, build: impl FnOnce(Reply<T>) -> AgentMsg) -> Result<T, InputError> {
+        let actor = self.actor().await?;
+        let (tx, rx) = oneshot::channel();
+        if actor.cast(build(tx)).is_err() {
+            return Err(InputError::Interrupted {
+                id: self.id().clone(),
+            });
+        }
+        rx.await.map_err(|_| InputError::Interrupted {
+            id: self.id().clone(),
+        })
+    }
+
+    /// A prompt for its own turn; wakes the agent. Returns once durable.
+    ///
+    /// # Errors
+    /// `InputError` when the message is refused or the agent cannot take input.
+    pub async fn followup(&self, msg: Message) -> Result<(), InputError> {
+        self.request(|reply| AgentMsg::Followup { msg, reply })
+            .await?
+    }
+
+    /// Input for the nearest step boundary; wakes the agent. Returns once durable.
+    ///
+    /// # Errors
+    /// `InputError` when the message is refused or the agent cannot take input.
+    pub async fn steer(&self, msg: Message) -> Result<(), InputError> {
+        self.request(|reply| AgentMsg::Steer { msg, reply }).await?
+    }
+
+    /// Input for the next boundary of whatever turn runs next; does not wake. Returns once durable.
+    ///
+    /// # Errors
+    /// `InputError` when the message is refused or the agent cannot take input.
+    pub async fn inject(&self, msg: Message) -> Result<(), InputError> {
+        self.request(|reply| AgentMsg::Inject { msg, reply }).await?
+    }
+
+    /// Aborts the active turn with `cause`; without `keep_inbox` durably discards all pending input.
+    ///
+    /// # Errors
+    /// `InputError` when the agent cannot take input.
+    pub async fn cancel(&self, cause: CancelCause, keep_inbox: bool) -> Result<(), InputError> {
+        self.request(|reply| AgentMsg::Cancel {
+            cause,
+            keep_inbox,
+            reply,
+        })
+        .await?
+    }
+
+    /// Durably cancels one pending message. Returns whether it was pending.
+    ///
+    /// # Errors
+    /// `InputError` when the agent cannot take input.
+    pub async fn remove(&self, id: MessageId) -> Result<bool, InputError> {
+        self.request(|reply| AgentMsg::Remove { id, reply }).await?
+    }
+
+    /// Replaces one pending message in place. Returns whether it was pending.
+    ///
+    /// # Errors
+    /// `InputError` when the replacement is refused or the agent cannot take input.
+    pub async fn replace(&self, id: MessageId, msg: Message) -> Result<bool, InputError> {
+        self.request(|reply| AgentMsg::Replace { id, msg, reply })
+            .await?
+    }
+
+    /// Resolves when the agent has no activity (including replacement work queued during
+    /// convergence) and everything it wrote is durable.
+    ///
+    /// # Errors
+    /// `InputError` when the agent is gone.
+    pub async fn when_idle(&self) -> Result<(), InputError> {
+        self.request(|reply| AgentMsg::WhenIdle { reply }).await
+    }
+
+    /// Like `when_idle`, giving up after `timeout`. Returns whether the agent became idle.
+    ///
+    /// # Errors
+    /// `InputError` when the agent is gone.
+    pub async fn when_idle_for(&self, timeout: Duration) -> Result<bool, InputError> {
+        match tokio::time::timeout(timeout, self.when_idle()).await {
+            Ok(r) => r.map(|()| true),
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// A snapshot of the agent's state.
+    ///
+    /// # Errors
+    /// `InputError` when the agent is gone.
+    pub async fn status(&self) -> Result<StatusReport, InputError> {
+        self.request(|reply| AgentMsg::Status { reply }).await
+    }
+
+    /// The agent's log as it is now (durable or not).
+    ///
+    /// # Errors
+    /// `InputError` when the agent is gone or its log cannot be read back.
+    pub async fn log(&self) -> Result<Vec<Event>, InputError> {
+        self.request(|reply| AgentMsg::Log { reply }).await?
+    }
+
+    /// Observes this agent: durable events (once durable) and live notifications, in a bounded
+    /// buffer. The subscription outlives restarts.
+    pub fn subscribe(&self) -> Subscription {
+        self.slot.observers.subscribe()
+    }
+
+    /// Runs `task` as maintenance: only while the agent is idle; waking input that arrives meanwhile
+    /// is deferred and replayed when the task ends. `task` receives the maintenance cancellation
+    /// token (a `cancel` fires it).
+    ///
+    /// # Errors
+    /// `InputError::Busy` unless the agent is idle; other `InputError`s when it is gone.
+    pub async fn run_maintenance<F, Fut, T>(&self, task: F) -> Result<T, InputError>
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
+        let token = self
+            .request(|reply| AgentMsg::BeginMaintenance { reply })
+            .await??;
+        let out = task(token).await;
+        if let Ok(actor) = self.actor().await {
+            let _ = actor.cast(AgentMsg::EndMaintenance);
+        }
+        Ok(out)
+    }
+}

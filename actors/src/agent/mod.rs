@@ -1,0 +1,930 @@
+//! `AgentActor`: one agent. Its mailbox is the agent's inbox of commands; its state is the pure
+//! `dsh::turn::AgentCore`, which it drives.
+//!
+//! The handler decides and sends; it never waits for a model, a tool, a hook or a disk. Every message
+//! becomes one call on the core; the core answers with effects, which the actor executes in order:
+//! work that needs no waiting (a hook point with no hooks registered) is answered on the spot, the
+//! rest goes to a child — the LLM stream actor, the tool-pool supervisor, the session writer — or to a
+//! task that reports back with the effect's ticket. So a steer or a cancel is handled the moment it
+//! arrives, whatever the model or a tool is doing.
+//!
+//! The wake latch of the original is the core's deferred wake: a waking input that arrives while the
+//! agent converges from an abort or runs maintenance is recorded and replayed at convergence.
+//!
+//! Children: the session writer (spawned on first write, stopped at hibernation), one LLM stream actor
+//! per request attempt, and the tool pool (spawned for the first tool call). Their failures arrive as
+//! supervision events: a stream failure is offered to `request_error`, a tool-pool failure gives every
+//! logged call a `TOOL_OUTCOME_UNKNOWN` result and ends the turn `error`, a writer failure makes the
+//! agent refuse input.
+
+pub mod handle;
+pub mod msg;
+
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dsh::hooks::{
+    HookCtx, HookError, Hooks, PreExecute, PreStepDecision, Recovery, RequestErrorCtx,
+    TurnStoppingAction,
+};
+use dsh::llm::types::{FinishReason, LlmFailure, StreamChunk};
+use dsh::session::Event;
+use dsh::session::store::EncodedEvent;
+use dsh::turn::{AgentCore, Effect, LiveEvent, ProviderFacts};
+use futures::FutureExt;
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::host::Runtime;
+use crate::llm_stream::{LlmStreamActor, LlmStreamArgs};
+use crate::observe::Observed;
+use crate::session_writer::{SessionWriterActor, WriterArgs, WriterMsg};
+use crate::tool_pool::{PoolMsg, ToolPoolActor, ToolPoolArgs};
+
+use self::handle::{AgentSlot, InputError, SlotState};
+use self::msg::{AgentMsg, Reply, StatusReport};
+
+/// Milliseconds since the Unix epoch, the `time` of appended events.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// What an agent reads and never changes.
+pub(crate) struct AgentActor {
+    pub(crate) runtime: Arc<Runtime>,
+    pub(crate) slot: Arc<AgentSlot>,
+    pub(crate) hooks: Hooks,
+}
+
+pub(crate) struct AgentArgs {
+    pub(crate) core: AgentCore,
+}
+
+/// An acknowledgement waiting for durability.
+struct PendingAck {
+    through_seq: u64,
+    send: Box<dyn FnOnce(Result<(), InputError>) + Send>,
+}
+
+/// What changes.
+pub(crate) struct AgentState {
+    core: AgentCore,
+    myself: ActorRef<AgentMsg>,
+    writer: Option<ActorRef<WriterMsg>>,
+    pool: Option<ActorRef<PoolMsg>>,
+    /// The stream actor of the current attempt: (ticket, actor, its cancellation).
+    stream: Option<(u64, ActorRef<()>, CancellationToken)>,
+    /// The token of the current turn (or maintenance task).
+    token: CancellationToken,
+    timer: Option<(u64, tokio::task::JoinHandle<()>)>,
+    /// Acks in seq order.
+    acks: VecDeque<PendingAck>,
+    idle_waiters: Vec<Reply<()>>,
+    /// Events handed to the writer, kept for observers until durable.
+    publishing: VecDeque<Arc<Event>>,
+    /// Set when the store failed: the agent refuses input.
+    failed: Option<String>,
+    last_activity: Instant,
+    hibernate_armed: bool,
+}
+
+impl AgentState {
+    fn id(&self) -> &dsh::SessionId {
+        self.core.id()
+    }
+}
+
+fn same<M>(cell: &ActorCell, actor: Option<&ActorRef<M>>) -> bool {
+    actor.is_some_and(|a| a.get_id() == cell.get_id())
+}
+
+fn deliver<T>(reply: Reply<T>, value: T) {
+    // A closed reply channel is normal: the caller stopped waiting.
+    let _ = reply.send(value);
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a hook panicked".to_string()
+    }
+}
+
+/// Runs a hook future on its own task, containing panics, and sends the outcome to the agent.
+fn spawn_hook<T, F>(
+    myself: &ActorRef<AgentMsg>,
+    work: F,
+    report: impl FnOnce(Result<T, HookError>) -> AgentMsg + Send + 'static,
+) where
+    T: Send + 'static,
+    F: std::future::Future<Output = Result<T, HookError>> + Send + 'static,
+{
+    let myself = myself.clone();
+    tokio::spawn(async move {
+        let outcome = match AssertUnwindSafe(work).catch_unwind().await {
+            Ok(r) => r,
+            Err(panic) => Err(HookError::Message(format!(
+                "hook panicked: {}",
+                panic_message(&*panic)
+            ))),
+        };
+        let _ = myself.cast(report(outcome));
+    });
+}
+
+impl AgentActor {
+    fn hook_ctx(&self, state: &AgentState, turn: u64, step: u64) -> HookCtx {
+        HookCtx {
+            session_id: state.id().clone(),
+            turn,
+            step,
+            cancel: state.token.clone(),
+        }
+    }
+
+    fn publish(&self, item: Observed) {
+        self.slot.observers.publish(item.clone());
+        self.runtime.observers.publish(item);
+    }
+
+    fn observed(&self) -> bool {
+        self.slot.observers.is_observed() || self.runtime.observers.is_observed()
+    }
+
+    fn provider_facts(&self, provider: &str, model: &str) -> Option<ProviderFacts> {
+        self.runtime
+            .providers
+            .get(provider)
+            .map(|p| ProviderFacts {
+                model_info: p.model_info(model),
+            })
+    }
+
+    /// Executes the core's effects until none are left.
+    async fn run_effects(&self, state: &mut AgentState) -> Result<(), ActorProcessingErr> {
+        loop {
+            let effects = state.core.take_effects();
+            if effects.is_empty() {
+                return Ok(());
+            }
+            for effect in effects {
+                self.execute(state, effect).await?;
+            }
+        }
+    }
+
+    async fn execute(
+        &self,
+        state: &mut AgentState,
+        effect: Effect,
+    ) -> Result<(), ActorProcessingErr> {
+        let now = now_ms();
+        match effect {
+            Effect::Notify(event) => {
+                if let LiveEvent::Error { turn, step, error } = &event {
+                    warn!(agent = %state.id(), turn, step, code = %error.code, "turn failed");
+                }
+                self.publish(Observed::Live {
+                    agent: state.id().clone(),
+                    event,
+                });
+            }
+            Effect::NewCancelToken => state.token = CancellationToken::new(),
+            Effect::CancelToken => state.token.cancel(),
+            Effect::LoadLog { ticket } => {
+                let store = Arc::clone(&self.runtime.store);
+                let id = state.id().clone();
+                let myself = state.myself.clone();
+                tokio::spawn(async move {
+                    let result = store
+                        .load(&id)
+                        .await
+                        .map(|loaded| loaded.events)
+                        .map_err(|e| e.to_string());
+                    let _ = myself.cast(AgentMsg::LogLoaded { ticket, result });
+                });
+            }
+            Effect::RunPreStep {
+                ticket,
+                turn,
+                step,
+                messages,
+            } => {
+                if self.hooks.pre_step.is_empty() {
+                    state
+                        .core
+                        .on_pre_step(ticket, Ok(PreStepDecision::Enter(messages)), now);
+                } else {
+                    let hooks = self.hooks.pre_step.clone();
+                    let ctx = self.hook_ctx(state, turn, step);
+                    spawn_hook(
+                        &state.myself,
+                        async move {
+                            let mut batch = messages;
+                            for hook in hooks {
+                                match hook.pre_step(&ctx, batch).await? {
+                                    PreStepDecision::Enter(m) => batch = m,
+                                    PreStepDecision::Reject => return Ok(PreStepDecision::Reject),
+                                }
+                            }
+                            Ok(PreStepDecision::Enter(batch))
+                        },
+                        move |result| AgentMsg::PreStepDone { ticket, result },
+                    );
+                }
+            }
+            Effect::RunRequestHook {
+                ticket,
+                turn,
+                step,
+                config,
+            } => {
+                if self.hooks.request.is_empty() {
+                    let facts = self.provider_facts(&config.provider, &config.model);
+                    state
+                        .core
+                        .on_request_configured(ticket, Ok(config), facts, now);
+                } else {
+                    let hooks = self.hooks.request.clone();
+                    let ctx = self.hook_ctx(state, turn, step);
+                    let runtime = Arc::clone(&self.runtime);
+                    let myself = state.myself.clone();
+                    tokio::spawn(async move {
+                        let work = async move {
+                            let mut config = config;
+                            for hook in hooks {
+                                config = hook.request(&ctx, config).await?;
+                            }
+                            Ok(config)
+                        };
+                        let result = match AssertUnwindSafe(work).catch_unwind().await {
+                            Ok(r) => r,
+                            Err(panic) => Err(HookError::Message(format!(
+                                "hook panicked: {}",
+                                panic_message(&*panic)
+                            ))),
+                        };
+                        let facts = result.as_ref().ok().and_then(|c| {
+                            runtime.providers.get(&c.provider).map(|p| ProviderFacts {
+                                model_info: p.model_info(&c.model),
+                            })
+                        });
+                        let _ = myself.cast(AgentMsg::RequestConfigured {
+                            ticket,
+                            result,
+                            facts,
+                        });
+                    });
+                }
+            }
+            Effect::StartStream {
+                ticket,
+                provider,
+                request,
+            } => {
+                let cancel = state.token.child_token();
+                let args = LlmStreamArgs {
+                    ticket,
+                    provider: self.runtime.providers.get(&provider).cloned(),
+                    provider_name: provider,
+                    request,
+                    cancel: cancel.clone(),
+                    agent: state.myself.clone(),
+                };
+                let (actor, _) =
+                    Actor::spawn_linked(None, LlmStreamActor, args, state.myself.get_cell())
+                        .await?;
+                state.stream = Some((ticket, actor, cancel));
+            }
+            Effect::CancelStream { ticket } => {
+                if let Some((t, _, cancel)) = &state.stream
+                    && *t == ticket
+                {
+                    cancel.cancel();
+                }
+            }
+            Effect::RunRequestError {
+                ticket,
+                turn,
+                step,
+                provider,
+                failure,
+                retries,
+            } => {
+                if self.hooks.request_error.is_empty() {
+                    state.core.on_recovery(ticket, Ok(Recovery::Delegate), now);
+                } else {
+                    let hooks = self.hooks.request_error.clone();
+                    let ctx = RequestErrorCtx {
+                        hook: self.hook_ctx(state, turn, step),
+                        retry_policy: self
+                            .runtime
+                            .providers
+                            .get(&provider)
+                            .and_then(|p| p.retry_policy()),
+                        provider,
+                        failure,
+                        retries,
+                        random: rand::random::<f64>(),
+                    };
+                    spawn_hook(
+                        &state.myself,
+                        async move {
+                            for hook in hooks {
+                                match hook.request_error(&ctx).await? {
+                                    Recovery::Delegate => {}
+                                    decided => return Ok(decided),
+                                }
+                            }
+                            Ok(Recovery::Delegate)
+                        },
+                        move |result| AgentMsg::RecoveryDecided { ticket, result },
+                    );
+                }
+            }
+            Effect::StartTimer { ticket, delay_ms } => {
+                let delay = Duration::from_secs_f64((delay_ms.max(0.0)) / 1000.0);
+                let myself = state.myself.clone();
+                let handle = tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let _ = myself.cast(AgentMsg::TimerFired { ticket });
+                });
+                if let Some((_, old)) = state.timer.replace((ticket, handle)) {
+                    old.abort();
+                }
+            }
+            Effect::CancelTimer { ticket } => {
+                if let Some((t, handle)) = state.timer.take() {
+                    if t == ticket {
+                        handle.abort();
+                    } else {
+                        state.timer = Some((t, handle));
+                    }
+                }
+            }
+            Effect::RunPreExecute {
+                ticket,
+                idx,
+                invocation,
+            } => {
+                if self.hooks.tool.is_empty() {
+                    state
+                        .core
+                        .on_pre_execute(ticket, idx, PreExecute::Allow, now);
+                } else {
+                    let hooks = self.hooks.tool.clone();
+                    let ctx = self.hook_ctx(state, invocation.turn, invocation.step);
+                    spawn_hook(
+                        &state.myself,
+                        async move {
+                            for hook in hooks {
+                                if let deny @ PreExecute::Deny { .. } =
+                                    hook.pre_execute(&ctx, &invocation).await
+                                {
+                                    return Ok(deny);
+                                }
+                            }
+                            Ok(PreExecute::Allow)
+                        },
+                        move |result| AgentMsg::PreExecuteDone {
+                            ticket,
+                            idx,
+                            decision: result.unwrap_or_else(|e| PreExecute::Deny {
+                                reason: e.to_string(),
+                            }),
+                        },
+                    );
+                }
+            }
+            Effect::StartTool {
+                ticket,
+                idx,
+                invocation,
+            } => {
+                let pool = self.pool(state).await?;
+                let tool = state.core.tools().get(&invocation.name).cloned();
+                let cancel = state.token.child_token();
+                if pool
+                    .cast(PoolMsg::Run {
+                        ticket,
+                        idx,
+                        invocation,
+                        tool,
+                        cancel,
+                    })
+                    .is_err()
+                {
+                    state.core.on_tool_pool_failed(
+                        ticket,
+                        "the tool pool is not running".to_string(),
+                        now,
+                    );
+                }
+            }
+            Effect::CancelTools { ticket } => {
+                if let Some(pool) = &state.pool {
+                    let _ = pool.cast(PoolMsg::Cancel { ticket });
+                }
+            }
+            Effect::RunPostExecute {
+                ticket,
+                idx,
+                invocation,
+                output,
+            } => {
+                if self.hooks.tool.is_empty() {
+                    state.core.on_post_execute(ticket, idx, output, now);
+                } else {
+                    let hooks = self.hooks.tool.clone();
+                    let ctx = self.hook_ctx(state, invocation.turn, invocation.step);
+                    let fallback = output.clone();
+                    spawn_hook(
+                        &state.myself,
+                        async move {
+                            let mut output = output;
+                            for hook in hooks {
+                                output = hook.post_execute(&ctx, &invocation, output).await;
+                            }
+                            Ok(output)
+                        },
+                        move |result| AgentMsg::PostExecuteDone {
+                            ticket,
+                            idx,
+                            output: result.unwrap_or(fallback),
+                        },
+                    );
+                }
+            }
+            Effect::RunTurnStopping { ticket, turn } => {
+                if self.hooks.turn_stopping.is_empty() {
+                    state
+                        .core
+                        .on_turn_stopping(ticket, Ok(TurnStoppingAction::default()), now);
+                } else {
+                    let hooks = self.hooks.turn_stopping.clone();
+                    let ctx = self.hook_ctx(state, turn, state.core.last_turn());
+                    spawn_hook(
+                        &state.myself,
+                        async move {
+                            let mut all = TurnStoppingAction::default();
+                            for hook in hooks {
+                                let a = hook.turn_stopping(&ctx).await?;
+                                all.steer.extend(a.steer);
+                                all.inject.extend(a.inject);
+                                if all.cancel.is_none() {
+                                    all.cancel = a.cancel;
+                                }
+                            }
+                            Ok(all)
+                        },
+                        move |result| AgentMsg::TurnStoppingDone { ticket, result },
+                    );
+                }
+            }
+            Effect::TurnEnded { turn, reason } => {
+                debug!(agent = %state.id(), turn, reason = reason.kind(), "turn ended");
+                self.runtime.metrics.turn_ended();
+            }
+            Effect::Fatal { reason } => {
+                return Err(format!("agent {}: {reason}", state.id()).into());
+            }
+        }
+        Ok(())
+    }
+
+    async fn pool(&self, state: &mut AgentState) -> Result<ActorRef<PoolMsg>, ActorProcessingErr> {
+        if let Some(pool) = &state.pool {
+            return Ok(pool.clone());
+        }
+        let args = ToolPoolArgs {
+            agent: state.myself.clone(),
+            grace: Duration::from_millis(self.runtime.config.limits.tool_grace_ms),
+            timeout: Duration::from_millis(self.runtime.config.limits.tool_timeout_ms),
+        };
+        let (pool, _) =
+            Actor::spawn_linked(None, ToolPoolActor, args, state.myself.get_cell()).await?;
+        state.pool = Some(pool.clone());
+        Ok(pool)
+    }
+
+    async fn writer(
+        &self,
+        state: &mut AgentState,
+    ) -> Result<ActorRef<WriterMsg>, ActorProcessingErr> {
+        if let Some(w) = &state.writer {
+            return Ok(w.clone());
+        }
+        let args = WriterArgs {
+            store: Arc::clone(&self.runtime.store),
+            id: state.id().clone(),
+            agent: state.myself.clone(),
+            slot: Arc::clone(&self.slot),
+            metrics: Arc::clone(&self.runtime.metrics),
+        };
+        let (w, _) =
+            Actor::spawn_linked(None, SessionWriterActor, args, state.myself.get_cell()).await?;
+        state.writer = Some(w.clone());
+        Ok(w)
+    }
+
+    /// After every message: run effects, hand new events to the writer, answer what can be answered,
+    /// and arm hibernation when idle.
+    async fn settle(&self, state: &mut AgentState) -> Result<(), ActorProcessingErr> {
+        self.run_effects(state).await?;
+        let unsent = state.core.unsent();
+        if !unsent.is_empty() {
+            let batch: Vec<EncodedEvent> = unsent.iter().map(EncodedEvent::encode).collect();
+            if self.observed() {
+                state
+                    .publishing
+                    .extend(unsent.iter().cloned().map(Arc::new));
+            }
+            state.core.mark_sent();
+            let writer = self.writer(state).await?;
+            if writer.cast(WriterMsg::Append(batch)).is_err() {
+                self.fail(state, "the session writer stopped".to_string());
+            }
+        }
+        if state.core.is_idle() && state.core.durable_seq() == state.core.next_seq() {
+            for w in state.idle_waiters.drain(..) {
+                deliver(w, ());
+            }
+        }
+        state.last_activity = Instant::now();
+        if let Some(after) = self.runtime.config.hibernate_after
+            && !state.hibernate_armed
+            && state.core.is_idle()
+            && !state.core.is_hibernated()
+        {
+            state.hibernate_armed = true;
+            let myself = state.myself.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let _ = myself.cast(AgentMsg::HibernateCheck { epoch: 0 });
+            });
+        }
+        Ok(())
+    }
+
+    fn on_durable(&self, state: &mut AgentState, through_seq: u64) {
+        state.core.on_durable(through_seq, now_ms());
+        while state
+            .acks
+            .front()
+            .is_some_and(|a| a.through_seq < through_seq)
+        {
+            if let Some(ack) = state.acks.pop_front() {
+                (ack.send)(Ok(()));
+            }
+        }
+        while state
+            .publishing
+            .front()
+            .is_some_and(|e| e.seq < through_seq)
+        {
+            if let Some(event) = state.publishing.pop_front() {
+                self.publish(Observed::Event {
+                    agent: state.id().clone(),
+                    event,
+                });
+            }
+        }
+    }
+
+    /// The store failed: refuse input from now on, fail every waiting acknowledgement, tell the host
+    /// and observers, and stop.
+    fn fail(&self, state: &mut AgentState, reason: String) {
+        if state.failed.is_some() {
+            return;
+        }
+        warn!(agent = %state.id(), %reason, "agent refuses input");
+        state.failed = Some(reason.clone());
+        let id = state.id().clone();
+        for ack in state.acks.drain(..) {
+            (ack.send)(Err(InputError::Failed {
+                id: id.clone(),
+                reason: reason.clone(),
+            }));
+        }
+        self.slot.set(SlotState::Failed(reason.clone()));
+        self.publish(Observed::Failed { agent: id, reason });
+        state.myself.stop(Some("failed".into()));
+    }
+
+    fn refuse(&self, state: &AgentState) -> Option<InputError> {
+        state.failed.as_ref().map(|reason| InputError::Failed {
+            id: state.id().clone(),
+            reason: reason.clone(),
+        })
+    }
+
+    fn ack_after<T: Send + 'static>(
+        state: &mut AgentState,
+        through: Option<u64>,
+        reply: Reply<Result<T, InputError>>,
+        value: T,
+    ) {
+        match through {
+            Some(seq) if seq >= state.core.durable_seq() => state.acks.push_back(PendingAck {
+                through_seq: seq,
+                send: Box::new(move |r| deliver(reply, r.map(|()| value))),
+            }),
+            _ => deliver(reply, Ok(value)),
+        }
+    }
+
+    fn stream_failed(&self, state: &mut AgentState, ticket: u64, reason: String) {
+        let failure = LlmFailure::new("UNKNOWN", format!("the llm stream failed: {reason}"));
+        state.core.on_chunk(
+            ticket,
+            StreamChunk::finish(FinishReason::Error { failure }),
+            now_ms(),
+        );
+    }
+}
+
+impl Actor for AgentActor {
+    type Msg = AgentMsg;
+    type State = AgentState;
+    type Arguments = AgentArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<AgentMsg>,
+        args: AgentArgs,
+    ) -> Result<AgentState, ActorProcessingErr> {
+        Ok(AgentState {
+            core: args.core,
+            myself,
+            writer: None,
+            pool: None,
+            stream: None,
+            token: CancellationToken::new(),
+            timer: None,
+            acks: VecDeque::new(),
+            idle_waiters: Vec::new(),
+            publishing: VecDeque::new(),
+            failed: None,
+            last_activity: Instant::now(),
+            hibernate_armed: false,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        _myself: ActorRef<AgentMsg>,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
+        self.settle(state).await
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<AgentMsg>,
+        msg: AgentMsg,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
+        let now = now_ms();
+        match msg {
+            AgentMsg::Followup { msg, reply }
+            | AgentMsg::Steer { msg, reply }
+            | AgentMsg::Inject { msg, reply }
+                if state.failed.is_some() =>
+            {
+                let _ = msg;
+                deliver(reply, Err(self.refuse(state).expect("failed is set")));
+            }
+            AgentMsg::Followup { msg, reply } => match state.core.followup(msg, now) {
+                Ok(ack) => Self::ack_after(state, ack, reply, ()),
+                Err(e) => deliver(reply, Err(e.into())),
+            },
+            AgentMsg::Steer { msg, reply } => match state.core.steer(msg, now) {
+                Ok(ack) => Self::ack_after(state, ack, reply, ()),
+                Err(e) => deliver(reply, Err(e.into())),
+            },
+            AgentMsg::Inject { msg, reply } => match state.core.inject(msg, now) {
+                Ok(ack) => Self::ack_after(state, ack, reply, ()),
+                Err(e) => deliver(reply, Err(e.into())),
+            },
+            AgentMsg::Cancel {
+                cause,
+                keep_inbox,
+                reply,
+            } => {
+                if let Some(e) = self.refuse(state) {
+                    deliver(reply, Err(e));
+                } else {
+                    let ack = state.core.cancel(cause, keep_inbox, now);
+                    Self::ack_after(state, ack, reply, ());
+                }
+            }
+            AgentMsg::Remove { id, reply } => {
+                if let Some(e) = self.refuse(state) {
+                    deliver(reply, Err(e));
+                } else {
+                    let (found, ack) = state.core.remove(&id, now);
+                    Self::ack_after(state, ack, reply, found);
+                }
+            }
+            AgentMsg::Replace { id, msg, reply } => {
+                if let Some(e) = self.refuse(state) {
+                    deliver(reply, Err(e));
+                } else {
+                    match state.core.replace(&id, msg, now) {
+                        Ok((found, ack)) => Self::ack_after(state, ack, reply, found),
+                        Err(e) => deliver(reply, Err(e.into())),
+                    }
+                }
+            }
+            AgentMsg::WhenIdle { reply } => state.idle_waiters.push(reply),
+            AgentMsg::Status { reply } => {
+                let inbox = state.core.inbox();
+                deliver(
+                    reply,
+                    StatusReport {
+                        status: state.core.status(),
+                        idle: state.core.is_idle()
+                            && state.core.durable_seq() == state.core.next_seq(),
+                        hibernated: state.core.is_hibernated(),
+                        last_turn: state.core.last_turn(),
+                        next_seq: state.core.next_seq(),
+                        durable_seq: state.core.durable_seq(),
+                        n_pending_turn: inbox.next_turn().len(),
+                        n_pending_step: inbox.next_step().len(),
+                        failed: state.failed.clone(),
+                    },
+                );
+            }
+            AgentMsg::Subscribe { reply } => deliver(reply, self.slot.observers.subscribe()),
+            AgentMsg::Log { reply } => match state.core.session() {
+                Some(session) => deliver(reply, Ok(session.events().to_vec())),
+                None => {
+                    let store = Arc::clone(&self.runtime.store);
+                    let id = state.id().clone();
+                    let myself = state.myself.clone();
+                    tokio::spawn(async move {
+                        let result = store
+                            .load(&id)
+                            .await
+                            .map(|l| l.events)
+                            .map_err(|e| e.to_string());
+                        let _ = myself.cast(AgentMsg::LogReadForCaller { result, reply });
+                    });
+                }
+            },
+            AgentMsg::LogReadForCaller { result, reply } => {
+                let id = state.id().clone();
+                let result = result.map_err(|reason| InputError::Store { id, reason });
+                deliver(reply, result);
+            }
+            AgentMsg::BeginMaintenance { reply } => match state.core.begin_maintenance() {
+                Ok(()) => {
+                    self.run_effects(state).await?;
+                    deliver(reply, Ok(state.token.clone()));
+                }
+                Err(busy) => deliver(reply, Err(InputError::Busy { id: busy.id })),
+            },
+            AgentMsg::EndMaintenance => state.core.end_maintenance(now),
+            AgentMsg::Durable { through_seq } => self.on_durable(state, through_seq),
+            AgentMsg::WriterFailed { error } => {
+                self.fail(state, format!("the session store failed: {error}"));
+                return Ok(());
+            }
+            AgentMsg::LogLoaded { ticket, result } => state.core.on_log_loaded(ticket, result, now),
+            AgentMsg::PreStepDone { ticket, result } => state.core.on_pre_step(ticket, result, now),
+            AgentMsg::RequestConfigured {
+                ticket,
+                result,
+                facts,
+            } => state
+                .core
+                .on_request_configured(ticket, result, facts, now),
+            AgentMsg::Chunk { ticket, chunk } => state.core.on_chunk(ticket, chunk, now),
+            AgentMsg::StreamEnded { ticket } => state.core.on_stream_end(ticket, now),
+            AgentMsg::RecoveryDecided { ticket, result } => {
+                state.core.on_recovery(ticket, result, now);
+            }
+            AgentMsg::TimerFired { ticket } => {
+                if state.timer.as_ref().is_some_and(|(t, _)| *t == ticket) {
+                    state.timer = None;
+                }
+                state.core.on_timer(ticket, now);
+            }
+            AgentMsg::PreExecuteDone {
+                ticket,
+                idx,
+                decision,
+            } => state.core.on_pre_execute(ticket, idx, decision, now),
+            AgentMsg::ToolFinished {
+                ticket,
+                idx,
+                output,
+            } => state.core.on_tool_finished(ticket, idx, output, now),
+            AgentMsg::PostExecuteDone {
+                ticket,
+                idx,
+                output,
+            } => state.core.on_post_execute(ticket, idx, output, now),
+            AgentMsg::TurnStoppingDone { ticket, result } => {
+                state.core.on_turn_stopping(ticket, result, now);
+            }
+            AgentMsg::HibernateCheck { .. } => {
+                state.hibernate_armed = false;
+                let after = self.runtime.config.hibernate_after.unwrap_or(Duration::MAX);
+                if state.last_activity.elapsed() >= after && state.core.hibernate() {
+                    debug!(agent = %state.id(), "hibernated");
+                    if let Some(w) = state.writer.take() {
+                        w.stop(None);
+                    }
+                    if let Some(p) = state.pool.take() {
+                        p.stop(None);
+                    }
+                    state.publishing.clear();
+                    return Ok(());
+                }
+            }
+        }
+        if state.failed.is_some() {
+            return Ok(());
+        }
+        self.settle(state).await
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<AgentMsg>,
+        event: SupervisionEvent,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorFailed(cell, err) => {
+                if same(&cell, state.writer.as_ref()) {
+                    state.writer = None;
+                    self.fail(state, format!("the session writer failed: {err}"));
+                    return Ok(());
+                }
+                if same(&cell, state.pool.as_ref()) {
+                    state.pool = None;
+                    if let Some(ticket) = state.core.tool_batch_ticket() {
+                        state
+                            .core
+                            .on_tool_pool_failed(ticket, err.to_string(), now_ms());
+                    }
+                } else if let Some((ticket, actor, _)) = &state.stream
+                    && actor.get_id() == cell.get_id()
+                {
+                    let ticket = *ticket;
+                    state.stream = None;
+                    self.stream_failed(state, ticket, err.to_string());
+                }
+            }
+            SupervisionEvent::ActorTerminated(cell, _, _) => {
+                if same(&cell, state.writer.as_ref()) {
+                    state.writer = None;
+                } else if same(&cell, state.pool.as_ref()) {
+                    state.pool = None;
+                } else if let Some((_, actor, _)) = &state.stream
+                    && actor.get_id() == cell.get_id()
+                {
+                    state.stream = None;
+                }
+            }
+            _ => {}
+        }
+        if state.failed.is_some() {
+            return Ok(());
+        }
+        self.settle(state).await
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<AgentMsg>,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Streams and tools stop first, then the writer is drained so every event handed to it is
+        // written; nothing new arrives since this actor no longer runs.
+        if let Some((_, actor, cancel)) = state.stream.take() {
+            cancel.cancel();
+            actor.stop(None);
+        }
+        if let Some(pool) = state.pool.take() {
+            pool.stop(None);
+        }
+        if let Some((_, t)) = state.timer.take() {
+            t.abort();
+        }
+        if let Some(w) = state.writer.take() {
+            let _ = w.drain_and_wait(Some(Duration::from_secs(30))).await;
+        }
+        Ok(())
+    }
+}

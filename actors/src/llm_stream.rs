@@ -1,0 +1,90 @@
+//! `LlmStreamActor`: runs one request attempt and forwards its chunks to the agent.
+//!
+//! One actor per attempt, linked to its agent. It pulls the provider's stream and casts each chunk as
+//! `AgentMsg::Chunk`, then `StreamEnded`, and stops. Cancelling its token closes the stream at once
+//! (the provider drops the connection); a panic in provider code reaches the agent as a supervision
+//! event and becomes a failure offered to `request_error`. A route with no registered provider yields
+//! a single `NO_ADAPTER` error finish, as the original's runtime does.
+
+use std::sync::Arc;
+
+use dsh::llm::provider::Provider;
+use dsh::llm::types::{FinishReason, LlmFailure, LlmRequest, StreamChunk, codes};
+use futures::StreamExt;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::msg::AgentMsg;
+
+pub(crate) struct LlmStreamActor;
+
+pub(crate) struct LlmStreamArgs {
+    pub(crate) ticket: u64,
+    pub(crate) provider: Option<Arc<dyn Provider>>,
+    pub(crate) provider_name: String,
+    pub(crate) request: LlmRequest,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) agent: ActorRef<AgentMsg>,
+}
+
+impl Actor for LlmStreamActor {
+    type Msg = ();
+    type State = Option<LlmStreamArgs>;
+    type Arguments = LlmStreamArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<()>,
+        args: LlmStreamArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(Some(args))
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<()>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let Some(args) = state.take() else {
+            return Ok(());
+        };
+        let LlmStreamArgs {
+            ticket,
+            provider,
+            provider_name,
+            request,
+            cancel,
+            agent,
+        } = args;
+        match provider {
+            None => {
+                let failure = LlmFailure::new(
+                    codes::NO_ADAPTER,
+                    format!("no provider registered for route {provider_name:?}"),
+                );
+                let chunk = StreamChunk::finish(FinishReason::Error { failure });
+                let _ = agent.cast(AgentMsg::Chunk { ticket, chunk });
+            }
+            Some(provider) => {
+                let mut stream = provider.stream(request, cancel.clone());
+                loop {
+                    tokio::select! {
+                        biased;
+                        () = cancel.cancelled() => break,
+                        next = stream.next() => match next {
+                            Some(chunk) => {
+                                if agent.cast(AgentMsg::Chunk { ticket, chunk }).is_err() {
+                                    break;
+                                }
+                            }
+                            None => break,
+                        },
+                    }
+                }
+            }
+        }
+        let _ = agent.cast(AgentMsg::StreamEnded { ticket });
+        myself.stop(None);
+        Ok(())
+    }
+}
