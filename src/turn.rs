@@ -22,12 +22,15 @@ use std::sync::Arc;
 
 use serde_json::Number;
 
-use crate::hooks::{HookError, PreExecute, PreStepDecision, Recovery, ScheduledRetry, TurnStoppingAction};
+use crate::hooks::{
+    HookError, PreExecute, PreStepDecision, Recovery, ScheduledRetry, TurnStoppingAction,
+};
 use crate::ids::{MessageId, SessionId};
 use crate::inbox::{AdmitError, Inbox};
 use crate::limits::Limits;
 use crate::llm::assembler::BlockAssembler;
 use crate::llm::provider::ModelInfo;
+use crate::llm::retry::js_number;
 use crate::llm::types::{
     AdapterDefaults, ContentBlock, FinishReason, LlmCallConfig, LlmFailure, LlmRequest, Message,
     MessageSource, RequestHeader, Role, StreamChunk, codes,
@@ -116,7 +119,9 @@ pub enum Effect {
     /// Cancel the current token (the turn or maintenance task was aborted).
     CancelToken,
     /// Read the log back from the store (the agent was hibernated); answer `on_log_loaded`.
-    LoadLog { ticket: u64 },
+    LoadLog {
+        ticket: u64,
+    },
     /// Run the `pre_step` hooks on the claimed batch; answer `on_pre_step`.
     RunPreStep {
         ticket: u64,
@@ -140,7 +145,9 @@ pub enum Effect {
         request: LlmRequest,
     },
     /// Close the stream of attempt `ticket` at once.
-    CancelStream { ticket: u64 },
+    CancelStream {
+        ticket: u64,
+    },
     /// Offer a failed attempt to the `request_error` hooks; answer `on_recovery`.
     RunRequestError {
         ticket: u64,
@@ -152,8 +159,13 @@ pub enum Effect {
         retries: Vec<LlmRetry>,
     },
     /// Arm a timer; answer `on_timer` when it fires.
-    StartTimer { ticket: u64, delay_ms: f64 },
-    CancelTimer { ticket: u64 },
+    StartTimer {
+        ticket: u64,
+        delay_ms: f64,
+    },
+    CancelTimer {
+        ticket: u64,
+    },
     /// Run the `pre_execute` tool hooks for one call; answer `on_pre_execute`.
     RunPreExecute {
         ticket: u64,
@@ -168,7 +180,9 @@ pub enum Effect {
     },
     /// Signal every running tool body of batch `ticket` to stop; after the grace period kill the rest
     /// and answer each with an aborted result.
-    CancelTools { ticket: u64 },
+    CancelTools {
+        ticket: u64,
+    },
     /// Run the `post_execute` tool hooks on a result about to commit; answer `on_post_execute`.
     RunPostExecute {
         ticket: u64,
@@ -177,11 +191,19 @@ pub enum Effect {
         output: ToolOutput,
     },
     /// Run the `turn_stopping` hooks; answer `on_turn_stopping`.
-    RunTurnStopping { ticket: u64, turn: u64 },
+    RunTurnStopping {
+        ticket: u64,
+        turn: u64,
+    },
     /// A turn ended with this reason (for reports and `dsh run` exit codes).
-    TurnEnded { turn: u64, reason: TurnEndReason },
+    TurnEnded {
+        turn: u64,
+        reason: TurnEndReason,
+    },
     /// The agent cannot continue (its log could not be read back): stop and restart from the store.
-    Fatal { reason: String },
+    Fatal {
+        reason: String,
+    },
 }
 
 /// Why `begin_maintenance` was refused.
@@ -211,7 +233,10 @@ enum Log {
     Live(Session),
     /// The events are only in the store. `tail` holds inbox splices appended since, with seqs
     /// `next_seq - tail.len() ..`.
-    Hibernated { next_seq: u64, tail: Vec<Event> },
+    Hibernated {
+        next_seq: u64,
+        tail: Vec<Event>,
+    },
 }
 
 /// Cancellation state of one activation or maintenance task. `cause` is first-wins.
@@ -342,14 +367,6 @@ fn aborted_before_dispatch() -> ToolOutput {
             code: "ABORTED_BEFORE_DISPATCH".into(),
         }),
     )
-}
-
-fn js_number(v: f64) -> Number {
-    if v.is_finite() && v.fract() == 0.0 && v.abs() < 9_007_199_254_740_992.0 {
-        Number::from(v as i64)
-    } else {
-        Number::from_f64(v).unwrap_or_else(|| Number::from(0))
-    }
 }
 
 impl AgentCore {
@@ -831,7 +848,8 @@ impl AgentCore {
         if !self.awaiting(|s| matches!(s, Stage::Request { ticket: t, .. } if *t == ticket)) {
             return;
         }
-        let Stage::Request { messages, .. } = mem::replace(&mut self.run_mut().stage, Stage::Transition)
+        let Stage::Request { messages, .. } =
+            mem::replace(&mut self.run_mut().stage, Stage::Transition)
         else {
             unreachable!("checked above")
         };
@@ -886,7 +904,10 @@ impl AgentCore {
         if let Some(reason) = reason {
             self.header_logged = true;
             self.append(
-                EventDraft::log(EventData::RequestHeader(RequestHeaderEvent { header, reason })),
+                EventDraft::log(EventData::RequestHeader(RequestHeaderEvent {
+                    header,
+                    reason,
+                })),
                 now,
             );
         }
@@ -929,7 +950,11 @@ impl AgentCore {
         attempt.assembler.push(&chunk);
         let (turn, step) = (run.turn, run.step);
         let seq = self.append(
-            EventDraft::log(EventData::AssistantChunk(AssistantChunk { turn, step, chunk })),
+            EventDraft::log(EventData::AssistantChunk(AssistantChunk {
+                turn,
+                step,
+                chunk,
+            })),
             now,
         );
         let Stage::Streaming(attempt) = &mut self.run_mut().stage else {
@@ -944,9 +969,8 @@ impl AgentCore {
 
     /// Attempt `ticket`'s stream ended (after its finish chunk, or without one).
     pub fn on_stream_end(&mut self, ticket: u64, now: i64) {
-        if self.awaiting(
-            |s| matches!(s, Stage::Streaming(a) if a.ticket == ticket && !a.finished),
-        ) {
+        if self.awaiting(|s| matches!(s, Stage::Streaming(a) if a.ticket == ticket && !a.finished))
+        {
             self.complete_attempt(now);
         }
     }
@@ -997,7 +1021,8 @@ impl AgentCore {
         if !self.awaiting(|s| matches!(s, Stage::Backoff { ticket: t, .. } if *t == ticket)) {
             return;
         }
-        let Stage::Backoff { retry, .. } = mem::replace(&mut self.run_mut().stage, Stage::Transition)
+        let Stage::Backoff { retry, .. } =
+            mem::replace(&mut self.run_mut().stage, Stage::Transition)
         else {
             unreachable!("checked above")
         };
@@ -1032,7 +1057,9 @@ impl AgentCore {
             return self.pump_tools(now);
         }
         match decision {
-            PreExecute::Deny { reason } => self.resolve_tool(idx, ToolOutput::error(reason, None), false),
+            PreExecute::Deny { reason } => {
+                self.resolve_tool(idx, ToolOutput::error(reason, None), false)
+            }
             PreExecute::Allow => {
                 if self.tools.get(&call.name).is_none() {
                     let out = ToolOutput::error(
@@ -1263,7 +1290,10 @@ impl AgentCore {
             Log::Live(s) => {
                 let seq = match s.append(draft, now) {
                     Ok(e) => e.seq,
-                    Err(e) => panic!("agent {}: the turn machine built an invalid event: {e}", self.id),
+                    Err(e) => panic!(
+                        "agent {}: the turn machine built an invalid event: {e}",
+                        self.id
+                    ),
                 };
                 if let EventData::TurnStart(t) = &s.events()[seq as usize].data {
                     self.last_turn = t.turn;
@@ -1294,7 +1324,10 @@ impl AgentCore {
     fn apply_splice(&mut self, splice: InboxSpliced, now: i64) -> u64 {
         let inserted = splice.inserted.clone();
         let discard = splice.outcome.is_some();
-        let seq = self.append(EventDraft::log(EventData::InboxSpliced(splice.clone())), now);
+        let seq = self.append(
+            EventDraft::log(EventData::InboxSpliced(splice.clone())),
+            now,
+        );
         let removed = match self.inbox.apply(&splice) {
             Ok(r) => r,
             Err(e) => panic!("agent {}: a planned splice did not apply: {e}", self.id),
@@ -1306,7 +1339,8 @@ impl AgentCore {
             }
         }
         for m in inserted {
-            self.effects.push(Effect::Notify(LiveEvent::InboxInserted(m)));
+            self.effects
+                .push(Effect::Notify(LiveEvent::InboxInserted(m)));
         }
         seq
     }
@@ -1358,7 +1392,10 @@ impl AgentCore {
 
     fn begin_turn(&mut self, now: i64) {
         let turn = self.last_turn + 1;
-        self.append(EventDraft::log(EventData::TurnStart(TurnStart { turn })), now);
+        self.append(
+            EventDraft::log(EventData::TurnStart(TurnStart { turn })),
+            now,
+        );
         let run = self.run_mut();
         run.turn = turn;
         run.step = 0;
@@ -1795,8 +1832,7 @@ impl AgentCore {
     }
 
     fn finish_tools(&mut self, now: i64) {
-        let Stage::Tools(batch) = mem::replace(&mut self.run_mut().stage, Stage::Transition)
-        else {
+        let Stage::Tools(batch) = mem::replace(&mut self.run_mut().stage, Stage::Transition) else {
             unreachable!("finishing tools outside a batch")
         };
         if batch.schedule.is_aborted() {
@@ -1835,7 +1871,10 @@ impl AgentCore {
         let (turn, step) = (run.turn, run.step);
         run.step_open = false;
         let stopping = run.turn_ends.is_some();
-        self.append(EventDraft::log(EventData::StepEnd(StepRef { turn, step })), now);
+        self.append(
+            EventDraft::log(EventData::StepEnd(StepRef { turn, step })),
+            now,
+        );
         if stopping && self.inbox.next_step().is_empty() {
             let ticket = self.ticket();
             self.run_mut().stage = Stage::TurnStopping { ticket };
@@ -1865,7 +1904,10 @@ impl AgentCore {
         let (turn, step) = (run.turn, run.step);
         if run.step_open {
             run.step_open = false;
-            self.append(EventDraft::log(EventData::StepEnd(StepRef { turn, step })), now);
+            self.append(
+                EventDraft::log(EventData::StepEnd(StepRef { turn, step })),
+                now,
+            );
         }
         let run = self.run_mut();
         if run.turn_open {
@@ -1981,3 +2023,7 @@ impl AgentCore {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "turn_tests.rs"]
+mod tests;

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
+use dsh::SessionId;
 use dsh::hooks::Hooks;
 use dsh::limits::Limits;
 use dsh::llm::provider::ProviderRegistry;
@@ -27,7 +28,6 @@ use dsh::session::event::CancelCause;
 use dsh::session::store::{SessionStore, StoreError};
 use dsh::tools::ToolRegistry;
 use dsh::turn::{AgentConfig, AgentCore};
-use dsh::SessionId;
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tracing::{info, warn};
 
@@ -354,7 +354,11 @@ impl Host {
 
     /// Ids of live agents.
     pub fn list(&self) -> Vec<SessionId> {
-        self.registry.agents.iter().map(|r| r.key().clone()).collect()
+        self.registry
+            .agents
+            .iter()
+            .map(|r| r.key().clone())
+            .collect()
     }
 
     /// Observes every agent of the host.
@@ -430,8 +434,7 @@ impl Registry {
         let (agent, _) = Actor::spawn_linked(None, actor, AgentArgs { core }, host_cell)
             .await
             .map_err(|e| HostError::Spawn(e.to_string()))?;
-        self.by_actor
-            .insert(agent.get_id(), record.slot.id.clone());
+        self.by_actor.insert(agent.get_id(), record.slot.id.clone());
         record.slot.set(SlotState::Live(agent));
         Ok(())
     }
@@ -441,15 +444,10 @@ impl Registry {
     async fn restore(&self, record: &Arc<AgentRecord>) -> Result<(), HostError> {
         let id = record.slot.id.clone();
         drop(record.slot.write_fence.lock().await);
-        let loaded = self
-            .runtime
-            .store
-            .load(&id)
-            .await
-            .map_err(|e| match e {
-                StoreError::NotFound { id } => HostError::NotFound { id },
-                e => HostError::Store(e),
-            })?;
+        let loaded = self.runtime.store.load(&id).await.map_err(|e| match e {
+            StoreError::NotFound { id } => HostError::NotFound { id },
+            e => HostError::Store(e),
+        })?;
         let tools = self.runtime.tools.layered(&record.spec.tools);
         let core = AgentCore::resume(
             id.clone(),

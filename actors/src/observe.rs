@@ -90,9 +90,7 @@ impl Channel {
     }
 
     pub(crate) fn subscribe(&self) -> Subscription {
-        let tx = self
-            .tx
-            .get_or_init(|| broadcast::channel(self.capacity).0);
+        let tx = self.tx.get_or_init(|| broadcast::channel(self.capacity).0);
         Subscription { rx: tx.subscribe() }
     }
 

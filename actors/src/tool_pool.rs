@@ -28,8 +28,12 @@ pub(crate) enum PoolMsg {
         cancel: CancellationToken,
     },
     /// Signal every running call of batch `ticket`; kill the rest after the grace period.
-    Cancel { ticket: u64 },
-    GraceExpired { ticket: u64 },
+    Cancel {
+        ticket: u64,
+    },
+    GraceExpired {
+        ticket: u64,
+    },
     /// A call actor finished its body.
     Done {
         ticket: u64,
@@ -275,16 +279,17 @@ impl Actor for ToolCallActor {
             timeout,
         } = args;
         // A panic in the body fails this actor; the pool turns it into an error result.
-        let output = match tokio::time::timeout(timeout, tool.execute(invocation, cancel.clone())).await {
-            Ok(output) => output,
-            Err(_) => {
-                cancel.cancel();
-                ToolOutput::error(
-                    format!("tool timed out after {} ms", timeout.as_millis()),
-                    error_info("ToolTimeoutError", "TIMEOUT"),
-                )
-            }
-        };
+        let output =
+            match tokio::time::timeout(timeout, tool.execute(invocation, cancel.clone())).await {
+                Ok(output) => output,
+                Err(_) => {
+                    cancel.cancel();
+                    ToolOutput::error(
+                        format!("tool timed out after {} ms", timeout.as_millis()),
+                        error_info("ToolTimeoutError", "TIMEOUT"),
+                    )
+                }
+            };
         let _ = pool.cast(PoolMsg::Done {
             ticket,
             idx,

@@ -146,7 +146,11 @@ impl ToolSchedule {
     /// # Panics
     /// If `idx` is not preparing (a bug in the caller).
     pub fn dispatched(&mut self, idx: usize) {
-        assert_eq!(self.states[idx], SlotState::Preparing, "dispatch of call {idx}");
+        assert_eq!(
+            self.states[idx],
+            SlotState::Preparing,
+            "dispatch of call {idx}"
+        );
         self.preparing = None;
         self.states[idx] = SlotState::Running;
         self.n_running += 1;
@@ -250,7 +254,11 @@ mod tests {
         s.committed(0);
         assert_eq!(s.next_start(|_| modes[1]), Some(1));
         s.dispatched(1);
-        assert_eq!(s.next_start(|_| modes[2]), None, "nothing passes an uncommitted barrier");
+        assert_eq!(
+            s.next_start(|_| modes[2]),
+            None,
+            "nothing passes an uncommitted barrier"
+        );
         s.resolved(1);
         s.committed(1);
         assert_eq!(s.next_start(|_| modes[2]), Some(2));

@@ -156,7 +156,8 @@ impl AgentHandle {
     /// # Errors
     /// `InputError` when the message is refused or the agent cannot take input.
     pub async fn inject(&self, msg: Message) -> Result<(), InputError> {
-        self.request(|reply| AgentMsg::Inject { msg, reply }).await?
+        self.request(|reply| AgentMsg::Inject { msg, reply })
+            .await?
     }
 
     /// Aborts the active turn with `cause`; without `keep_inbox` durably discards all pending input.

@@ -160,12 +160,9 @@ impl AgentActor {
     }
 
     fn provider_facts(&self, provider: &str, model: &str) -> Option<ProviderFacts> {
-        self.runtime
-            .providers
-            .get(provider)
-            .map(|p| ProviderFacts {
-                model_info: p.model_info(model),
-            })
+        self.runtime.providers.get(provider).map(|p| ProviderFacts {
+            model_info: p.model_info(model),
+        })
     }
 
     /// Executes the core's effects until none are left.
@@ -804,9 +801,7 @@ impl Actor for AgentActor {
                 ticket,
                 result,
                 facts,
-            } => state
-                .core
-                .on_request_configured(ticket, result, facts, now),
+            } => state.core.on_request_configured(ticket, result, facts, now),
             AgentMsg::Chunk { ticket, chunk } => state.core.on_chunk(ticket, chunk, now),
             AgentMsg::StreamEnded { ticket } => state.core.on_stream_end(ticket, now),
             AgentMsg::RecoveryDecided { ticket, result } => {

@@ -3,6 +3,7 @@
 //! Commands from outside (the handle) are imperative and carry a reply channel; reports from the
 //! agent's children and tasks are past-tense facts carrying the `ticket` of the effect they answer.
 
+use dsh::MessageId;
 use dsh::hooks::{HookError, PreExecute, PreStepDecision, Recovery, TurnStoppingAction};
 use dsh::llm::types::{LlmCallConfig, Message, StreamChunk};
 use dsh::session::Event;
@@ -10,7 +11,6 @@ use dsh::session::event::CancelCause;
 use dsh::session::store::StoreError;
 use dsh::tools::ToolOutput;
 use dsh::turn::{ProviderFacts, Status};
-use dsh::MessageId;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
