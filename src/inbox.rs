@@ -33,17 +33,20 @@ use crate::session::event::{Event, EventData, InboxSpliced, InboxTarget, SpliceO
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AdmitError {
-    #[error("message {id} has role {role:?}, only user messages can be sent to an agent")]
+    #[error(
+        "message {id:?} has role {}, only user messages can be sent to an agent",
+        role_name(*.role)
+    )]
     NotUserRole { id: MessageId, role: Role },
-    #[error("message {id} has {n_blocks} content blocks, the limit is {blocks_max}")]
+    #[error("message {id:?} has {n_blocks} content blocks, the limit is {blocks_max}")]
     TooManyBlocks {
         id: MessageId,
         n_blocks: usize,
         blocks_max: usize,
     },
-    #[error("message {id} nests json deeper than {depth_max} levels")]
+    #[error("message {id:?} nests json deeper than {depth_max} levels")]
     TooDeep { id: MessageId, depth_max: usize },
-    #[error("message {id} is {bytes} bytes, the limit is {bytes_max}")]
+    #[error("message {id:?} is {bytes} bytes, the limit is {bytes_max}")]
     TooLarge {
         id: MessageId,
         bytes: usize,
@@ -453,6 +456,15 @@ impl Inbox {
             });
         }
         Ok(())
+    }
+}
+
+/// The wire name of a role, for error messages.
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
     }
 }
 
@@ -988,12 +1000,17 @@ mod tests {
         };
         let mut assistant = Message::user_text(id("a1"), "hi");
         assistant.role = Role::Assistant;
+        let err = Inbox::admit(&assistant, &limits);
         assert_eq!(
-            Inbox::admit(&assistant, &limits),
+            err,
             Err(AdmitError::NotUserRole {
                 id: id("a1"),
                 role: Role::Assistant
             })
+        );
+        assert_eq!(
+            err.expect_err("assistant").to_string(),
+            "message \"a1\" has role assistant, only user messages can be sent to an agent"
         );
 
         let mut blocks = Message::user_text(id("b1"), "x");
@@ -1001,7 +1018,7 @@ mod tests {
         let err = Inbox::admit(&blocks, &limits).expect_err("3 blocks");
         assert_eq!(
             err.to_string(),
-            "message b1 has 3 content blocks, the limit is 2"
+            "message \"b1\" has 3 content blocks, the limit is 2"
         );
 
         let big = Message::user_text(id("big"), "x".repeat(100));
