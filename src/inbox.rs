@@ -514,10 +514,15 @@ fn first_duplicate<'a>(
     removed: impl Iterator<Item = &'a Arc<Message>> + Clone,
     inserted: &[Arc<Message>],
 ) -> Option<MessageId> {
-    let mut seen: HashSet<&MessageId> = HashSet::with_capacity(inserted.len());
+    // A single insert (every append, prepend and replace) cannot repeat itself, so only a splice
+    // inserting several messages pays for the set of ids already seen.
+    let mut seen: Option<HashSet<&MessageId>> =
+        (inserted.len() > 1).then(|| HashSet::with_capacity(inserted.len()));
     let mut removed_ids: Option<HashSet<&MessageId>> = None;
     for msg in inserted {
-        if !seen.insert(&msg.id) {
+        if let Some(seen) = seen.as_mut()
+            && !seen.insert(&msg.id)
+        {
             return Some(msg.id.clone());
         }
         if pending.contains(&msg.id) {
@@ -563,6 +568,22 @@ fn json_depth_exceeds(msg: &Message, depth_max: usize) -> bool {
     // 2); the blocks and the source's values sit at level 3.
     if depth_max < 2 {
         return true;
+    }
+    // The common prompt (text blocks, a flat source) is at most 3 deep; decide it without the stack.
+    let flat = msg.content.iter().all(|b| {
+        matches!(
+            b,
+            ContentBlock::Text { .. }
+                | ContentBlock::Reasoning { .. }
+                | ContentBlock::ToolCall { .. }
+        )
+    }) && msg
+        .source
+        .as_map()
+        .values()
+        .all(|v| !v.is_array() && !v.is_object());
+    if flat {
+        return !msg.content.is_empty() && depth_max < 3;
     }
     let mut stack: Vec<(Node<'_>, usize)> = Vec::new();
     for block in &msg.content {
