@@ -7,7 +7,7 @@
 //! assembly (`llm::assembler`) and the retry policy (`llm::retry`). Its only I/O lives in the stores
 //! (`session::store`) and the model providers (`llm::openai`, `llm::sim`, `llm::script`).
 //!
-//! Nothing here spawns actors or depends on ractor: `dsh-actors` drives these types. Time enters as an
+//! Nothing here spawns actors or knows the actor framework: `dsh-actors` drives these types. Time enters as an
 //! argument.
 
 pub mod hooks;
