@@ -6,6 +6,7 @@
 //! `steer`, `inject`, `cancel`, `when_idle`, `subscribe`, ...).
 
 pub mod agent;
+pub mod cli;
 pub mod host;
 mod llm_stream;
 pub mod observe;

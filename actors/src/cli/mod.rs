@@ -1,0 +1,228 @@
+//! The `dsh` subcommands. Names and flags are an interface scripts rely on (SPEC §10): extend them,
+//! never rename or drop one.
+//!
+//! `main` builds a tokio runtime, resolves the configuration (flags over environment over `dsh.toml`
+//! over defaults) and dispatches. Every subcommand returns `Result<ExitCode, CliError>`; an error is
+//! printed as one line (`dsh: <message>`) and exits 1, unless the subcommand chose another code.
+
+pub mod config;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+pub use config::{CliError, Config};
+
+/// Host many LLM agents in one process: chat, run prompts, inspect sessions, simulate load.
+#[derive(Debug, Parser)]
+#[command(name = "dsh", version, max_term_width = 100)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Flags every subcommand accepts.
+#[derive(Debug, Clone, Args)]
+pub struct GlobalArgs {
+    /// Where the store lives (default ./.dsh).
+    #[arg(long, global = true, env = "DSH_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Model provider: openai, sim or script.
+    #[arg(long, global = true, env = "DSH_PROVIDER", value_name = "NAME")]
+    pub provider: Option<String>,
+    /// OpenAI-compatible endpoint (default DeepSeek's).
+    #[arg(long, global = true, env = "DSH_BASE_URL", value_name = "URL")]
+    pub base_url: Option<String>,
+    /// Model id.
+    #[arg(long, global = true, env = "DSH_MODEL", value_name = "NAME")]
+    pub model: Option<String>,
+    /// Configuration file (default ./dsh.toml when it exists).
+    #[arg(long, global = true, env = "DSH_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Host N agents against the simulated model and report throughput, latency and memory.
+    Sim(SimArgs),
+    /// Talk to an agent interactively.
+    Chat(ChatArgs),
+    /// Run one prompt non-interactively and print the final answer.
+    Run(RunArgs),
+    /// List stored sessions.
+    Sessions(SessionsArgs),
+    /// Show a session as a readable transcript (or raw JSON lines).
+    Show(ShowArgs),
+    /// Validate a session and report what repair would do, writing nothing.
+    Check(CheckArgs),
+    /// Write a session as DSH v0 JSON lines.
+    Export(ExportArgs),
+    /// Read a session from DSH v0 JSON lines into the store.
+    Import(ImportArgs),
+    /// Run scenario files (black-box conformance).
+    Scenario(ScenarioArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SimArgs {
+    /// Number of agents.
+    #[arg(long, default_value_t = 1000)]
+    pub agents: usize,
+    /// Turns per agent.
+    #[arg(long, default_value_t = 1)]
+    pub turns: usize,
+    /// Print one JSON object instead of the report.
+    #[arg(long)]
+    pub json: bool,
+    /// Store: sqlite or memory.
+    #[arg(long, default_value = "sqlite")]
+    pub store: String,
+    /// Model time to first token, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub latency_ms: u64,
+    /// Model tokens per second (0 = as fast as possible).
+    #[arg(long, default_value_t = 0)]
+    pub tokens_per_sec: u64,
+    /// Reply length in tokens.
+    #[arg(long, default_value_t = 20)]
+    pub reply_tokens: u64,
+    /// Probability that a model step calls a tool.
+    #[arg(long, default_value_t = 0.0)]
+    pub tool_rate: f64,
+    /// Tool duration in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub tool_ms: u64,
+    /// Probability that a turn receives a steer while it runs.
+    #[arg(long, default_value_t = 0.0)]
+    pub steer_rate: f64,
+    /// Probability that a turn is cancelled while it runs.
+    #[arg(long, default_value_t = 0.0)]
+    pub cancel_rate: f64,
+    /// Seed of the simulated model and the injections.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ChatArgs {
+    /// Continue this session, or create it under this id.
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+    /// Allow the model to run shell commands (off by default).
+    #[arg(long)]
+    pub shell: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// The prompt.
+    pub prompt: String,
+    /// Continue this session, or create it under this id.
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+    /// Allow the model to run shell commands (off by default).
+    #[arg(long)]
+    pub shell: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SessionsArgs {
+    /// Print JSON lines instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ShowArgs {
+    /// A session id, or a file of DSH v0 JSON lines.
+    pub target: String,
+    /// Print the raw events as JSON lines.
+    #[arg(long)]
+    pub raw: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// A session id, or a file of DSH v0 JSON lines.
+    pub target: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ExportArgs {
+    /// The session id.
+    pub id: String,
+    /// Write to this file instead of stdout.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ImportArgs {
+    /// A file of DSH v0 JSON lines.
+    pub file: PathBuf,
+    /// Store it under this id instead of the one in its header.
+    #[arg(long, value_name = "ID")]
+    pub id: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ScenarioArgs {
+    #[command(subcommand)]
+    pub command: ScenarioCommand,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum ScenarioCommand {
+    /// Run scenario files and print each resulting log as JSON lines (time fixed to 0).
+    Run {
+        /// Compare each log with the scenario's `expect` and fail on the first mismatch.
+        #[arg(long)]
+        check: bool,
+        /// Scenario files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+}
+
+/// Runs the parsed command line to completion.
+pub fn main(cli: Cli) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dsh: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        let config = Config::resolve(&cli.global)?;
+        dispatch(cli.command, config).await
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("dsh: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+async fn dispatch(command: Command, config: Config) -> Result<ExitCode, CliError> {
+    let _ = &config;
+    match command {
+        Command::Sim(_)
+        | Command::Chat(_)
+        | Command::Run(_)
+        | Command::Sessions(_)
+        | Command::Show(_)
+        | Command::Check(_)
+        | Command::Export(_)
+        | Command::Import(_)
+        | Command::Scenario(_) => Err(CliError::Usage("this subcommand is not built yet".into())),
+    }
+}
