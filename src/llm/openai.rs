@@ -7,7 +7,9 @@
 //! response is decoded by `sse::ChunkDecoder`; every failure — an HTTP status and its error body, a
 //! refused connection, a stall, a malformed or truncated stream — ends the stream in-band with one
 //! `finish{error}` carrying the §7.5 code. Cancellation (the token, or dropping the stream) drops the
-//! response at once, which closes the connection.
+//! response at once, which closes the connection: every wait for the server races the token, so a
+//! consumer polling the stream gets `finish{aborted}` immediately. The stream spawns nothing, so a
+//! consumer that cancels and stops polling must drop the stream to release the connection.
 //!
 //! Time bounds: `connect_timeout_ms` bounds the TCP/TLS connect; `idle_timeout_ms` bounds every wait
 //! for the server — the response headers and each body read — but never the consumer's time between
@@ -272,7 +274,7 @@ impl fmt::Debug for OpenAiProvider {
 
 impl OpenAiProvider {
     /// Validates `config` and builds the HTTP client (rustls; no redirects, so a request is never
-    /// re-sent elsewhere; no automatic retries).
+    /// re-sent elsewhere; no automatic retries of any kind).
     ///
     /// # Errors
     /// An unusable base URL, timeout, route, model or default reasoning effort, or a client that
@@ -312,6 +314,8 @@ impl OpenAiProvider {
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
             .redirect(reqwest::redirect::Policy::none())
+            // reqwest would re-send on HTTP/2 protocol NACKs; retrying is the request-error policy's call.
+            .retry(reqwest::retry::never())
             .tcp_nodelay(true)
             .user_agent(concat!("dsh-rs/", env!("CARGO_PKG_VERSION")))
             .build()

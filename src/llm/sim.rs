@@ -464,7 +464,7 @@ impl SimStream {
     /// Counts one token and sleeps when a batch is due; false when cancelled.
     async fn pace(&mut self) -> bool {
         self.n_tokens += 1;
-        if self.tokens_per_sec == 0 || self.n_tokens % self.batch != 0 {
+        if self.tokens_per_sec == 0 || !self.n_tokens.is_multiple_of(self.batch) {
             return true;
         }
         let Some(anchor) = self.anchor else {
