@@ -904,6 +904,9 @@ fn the_api_key_appears_nowhere() {
         .with_writer(move || writer.clone())
         .finish();
     let seen: Vec<StreamChunk> = tracing::subscriber::with_default(subscriber, || {
+        // Callsites first hit by other tests (with no subscriber) cached "never"; re-ask every
+        // registered subscriber, this one included.
+        tracing::callsite::rebuild_interest_cache();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
