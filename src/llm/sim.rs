@@ -1062,6 +1062,35 @@ mod tests {
         assert_eq!(s.next().await, None);
     }
 
+    /// Pacing changes when chunks arrive, never what they are.
+    #[tokio::test(start_paused = true)]
+    async fn content_does_not_depend_on_timing() {
+        let base = SimConfig {
+            seed: 11,
+            reasoning: true,
+            tool_call_probability: 0.5,
+            ..SimConfig::instant(11)
+        };
+        let paced = SimConfig {
+            ttft_ms: 250,
+            tokens_per_sec: 37,
+            ..base.clone()
+        };
+        for n_user in 1..6 {
+            let a = run(
+                &SimProvider::new(base.clone()).expect("valid"),
+                request(n_user, vec![read_tool()]),
+            )
+            .await;
+            let b = run(
+                &SimProvider::new(paced.clone()).expect("valid"),
+                request(n_user, vec![read_tool()]),
+            )
+            .await;
+            assert_eq!(a, b, "{n_user} messages");
+        }
+    }
+
     #[test]
     fn config_is_validated_and_serde_refuses_unknown_keys() {
         assert_eq!(

@@ -1301,6 +1301,22 @@ mod tests {
             proptest::string::string_regex("[a-zé🌍 {}\":,]{0,12}").expect("valid regex")
         }
 
+        fn wire_event() -> impl Strategy<Value = serde_json::Value> {
+            prop_oneof![
+                event_text().prop_map(|t| json!({"choices":[{"delta":{"content":t}}]})),
+                event_text().prop_map(|t| json!({"choices":[{"delta":{"reasoning_content":t}}]})),
+                (0u64..3, proptest::option::of("[a-z]{1,4}"), event_text()).prop_map(|(i, name, args)| {
+                    let mut f = json!({"arguments": args});
+                    if let Some(n) = name {
+                        f["name"] = json!(n);
+                    }
+                    json!({"choices":[{"delta":{"tool_calls":[{"index":i,"id":format!("c{i}"),"function":f}]}}]})
+                }),
+                Just(json!({"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3}})),
+                Just(json!({})),
+            ]
+        }
+
         proptest! {
             /// However the bytes are cut, the decoder yields the same items.
             #[test]
@@ -1331,6 +1347,72 @@ mod tests {
                 }
                 prop_assert_eq!(d.finish(), Ok(()));
                 prop_assert_eq!(pieces, whole);
+            }
+
+            /// Whatever valid wire deltas arrive, the chunks follow the §6.4 grammar: blocks open
+            /// at 0, 1, 2, … before any delta addresses them, deltas match their block's type, each
+            /// block ends once (after all deltas) with the concatenation of its deltas, at most one
+            /// usage, and exactly one finish, last.
+            #[test]
+            fn translated_chunks_follow_the_grammar(
+                events in proptest::collection::vec(wire_event(), 0..24),
+                finish in proptest::option::of(prop_oneof![Just("stop"), Just("length"), Just("tool_calls"), Just("content_filter")]),
+            ) {
+                let mut t = Translator::new(&Limits::DEFAULT);
+                let mut out = Vec::new();
+                for e in &events {
+                    t.push_data(&e.to_string(), &mut out).expect("valid payload");
+                }
+                if let Some(reason) = finish {
+                    let last = json!({"choices":[{"delta":{},"finish_reason":reason}],"usage":{"prompt_tokens":1,"completion_tokens":1}});
+                    t.push_data(&last.to_string(), &mut out).expect("valid payload");
+                }
+                t.done(&mut out);
+                let mut types: Vec<BlockType> = Vec::new();
+                let mut acc: Vec<String> = Vec::new();
+                let mut ended: Vec<bool> = Vec::new();
+                let mut n_usage = 0;
+                for (i, c) in out.iter().enumerate() {
+                    match c {
+                        StreamChunk::BlockStart { index, block_type } => {
+                            prop_assert_eq!(*index as usize, types.len());
+                            types.push(block_type.clone());
+                            acc.push(String::new());
+                            ended.push(false);
+                        }
+                        StreamChunk::TextDelta { index, text } | StreamChunk::ReasoningDelta { index, text } => {
+                            let want = if matches!(c, StreamChunk::TextDelta { .. }) { BlockType::Text } else { BlockType::Reasoning };
+                            prop_assert_eq!(types.get(*index as usize), Some(&want));
+                            prop_assert!(!ended[*index as usize]);
+                            acc[*index as usize].push_str(text);
+                        }
+                        StreamChunk::ToolCallDelta { index, arguments_delta, .. } => {
+                            prop_assert_eq!(types.get(*index as usize), Some(&BlockType::ToolCall));
+                            prop_assert!(!ended[*index as usize]);
+                            acc[*index as usize].push_str(arguments_delta);
+                        }
+                        StreamChunk::BlockEnd { index, block } => {
+                            let i = *index as usize;
+                            prop_assert!(!ended[i]);
+                            ended[i] = true;
+                            let content = match block {
+                                ContentBlock::Text { text } | ContentBlock::Reasoning { text } => text,
+                                ContentBlock::ToolCall { arguments, .. } => arguments,
+                                other => return Err(TestCaseError::fail(format!("unexpected block {other:?}"))),
+                            };
+                            prop_assert_eq!(block.type_tag(), types[i].as_str());
+                            prop_assert_eq!(content, &acc[i]);
+                        }
+                        StreamChunk::Usage { .. } => n_usage += 1,
+                        StreamChunk::Finish { .. } => prop_assert_eq!(i, out.len() - 1),
+                    }
+                }
+                prop_assert!(ended.iter().all(|e| *e));
+                prop_assert!(n_usage <= 1);
+                prop_assert!(out.last().is_some_and(StreamChunk::is_finish));
+                let n_text = types.iter().filter(|t| **t == BlockType::Text).count();
+                let n_reasoning = types.iter().filter(|t| **t == BlockType::Reasoning).count();
+                prop_assert!(n_text <= 1 && n_reasoning <= 1);
             }
 
             /// Arbitrary bytes never panic the decoder or the translator.
