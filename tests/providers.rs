@@ -903,10 +903,13 @@ fn the_api_key_appears_nowhere() {
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
-    let seen: Vec<StreamChunk> = tracing::subscriber::with_default(subscriber, || {
-        // Callsites first hit by other tests (with no subscriber) cached "never"; re-ask every
-        // registered subscriber, this one included.
-        tracing::callsite::rebuild_interest_cache();
+    // The global default, not a scoped one: with a single registered dispatcher, tracing computes a
+    // new callsite's interest from the registering thread's default, so a callsite first hit by a
+    // concurrent test would be cached as disabled. Globally, every thread's events (the concurrent
+    // tests use the same key) are captured too.
+    tracing::subscriber::set_global_default(subscriber)
+        .expect("only this test installs a global subscriber");
+    let seen: Vec<StreamChunk> = {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -930,7 +933,7 @@ fn the_api_key_appears_nowhere() {
             all.extend(scenario_transport(key).await);
             all
         })
-    });
+    };
     let log = String::from_utf8(buf.lock().expect("lock").clone()).expect("utf8 log");
     assert!(
         log.contains("openai request"),

@@ -26,6 +26,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::FutureExt;
 use reqwest::header::{self, HeaderMap, HeaderValue};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -443,7 +444,8 @@ impl Run {
                         match result {
                             Ok(outcome) if outcome.done => {
                                 tracing::debug!(route = %self.inner.config.route, "openai stream done");
-                                // Phase stays `Ended`: nothing is read after `[DONE]`.
+                                // Phase stays `Ended`: no event is read after `[DONE]`.
+                                release_connection(response);
                             }
                             Ok(_) => self.phase = Phase::Body(response),
                             Err(e) => {
@@ -620,6 +622,18 @@ impl Run {
         failure.provider_retry_after_ms = retry_after_ms;
         failure.request_id = request_id;
         error_finish(failure)
+    }
+}
+
+/// Takes whatever the body still holds *without waiting* (typically just the chunked terminator that
+/// arrived with `[DONE]`), so a finished body lets the connection go back to the pool instead of
+/// being closed; then drops the response. Never delays the final chunks.
+fn release_connection(mut response: reqwest::Response) {
+    for _ in 0..4 {
+        match response.chunk().now_or_never() {
+            Some(Ok(Some(_))) => {}
+            _ => break,
+        }
     }
 }
 
