@@ -816,6 +816,25 @@ async fn one_byte_per_http_chunk() {
     scenario_byte_per_frame(canary()).await;
 }
 
+/// A stream that ended with `[DONE]` hands its connection back: the next request reuses it.
+#[tokio::test]
+async fn a_finished_stream_leaves_its_connection_reusable() {
+    let server = FakeServer::start_keep_alive(vec![
+        Behaviour::sse(text_body()),
+        Behaviour::sse(text_body()),
+    ])
+    .await;
+    let p = provider(&server, canary(), |_| {});
+    assert_eq!(collect(&p, request("hi")).await, text_chunks());
+    assert_eq!(collect(&p, request("hi")).await, text_chunks());
+    assert_eq!(server.requests().len(), 2);
+    assert_eq!(
+        server.n_connections(),
+        1,
+        "the second request reused the first connection"
+    );
+}
+
 #[tokio::test]
 async fn missing_key_fails_before_io() {
     scenario_missing_key().await;

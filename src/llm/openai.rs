@@ -26,7 +26,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::FutureExt;
 use reqwest::header::{self, HeaderMap, HeaderValue};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -51,6 +50,9 @@ pub const TIMEOUT_MS_MAX: u64 = 2_147_483_647;
 const ERROR_BODY_BYTES_MAX: usize = 64 << 10;
 /// Server text copied into a failure message is cut to this many characters.
 const SERVER_MESSAGE_CHARS_MAX: usize = 1_000;
+/// After `[DONE]`, how long the end of the body is awaited (only by a consumer that polls past the
+/// `finish`) before the connection is dropped instead of pooled.
+const DRAIN_MS: u64 = 100;
 /// Request ids longer than this are ignored rather than logged.
 const REQUEST_ID_BYTES_MAX: usize = 256;
 
@@ -374,6 +376,9 @@ enum Phase {
     Start(Box<LlmRequest>),
     /// Headers received with a 2xx status; the body is being read.
     Body(reqwest::Response),
+    /// `[DONE]` arrived and the final chunks are queued; once they are out, the rest of the body is
+    /// drained so the connection can be reused.
+    Draining(reqwest::Response),
     /// A `finish` was queued (or the stream ended): no more I/O. The response, if any, is dropped,
     /// which closes its connection.
     Ended,
@@ -384,8 +389,10 @@ struct Run {
     inner: Arc<Inner>,
     cancel: CancellationToken,
     phase: Phase,
-    /// Chunks decoded but not yet yielded. Invariant: once a `finish` is queued, `phase` is `Ended`
-    /// and nothing is queued after it.
+    /// Chunks decoded but not yet yielded.
+    ///
+    /// Invariant: once a `finish` is queued, `phase` is `Draining` or `Ended` and nothing is queued
+    /// after it, so the stream ends with exactly one `finish`.
     pending: VecDeque<StreamChunk>,
     decoder: ChunkDecoder,
     /// Reused output buffer for the decoder.
@@ -402,7 +409,8 @@ enum Wait<T> {
 impl Run {
     async fn next_chunk(&mut self) -> Option<StreamChunk> {
         loop {
-            if !matches!(self.phase, Phase::Ended) && self.cancel.is_cancelled() {
+            if matches!(self.phase, Phase::Start(_) | Phase::Body(_)) && self.cancel.is_cancelled()
+            {
                 return Some(self.end(aborted_finish()));
             }
             if let Some(chunk) = self.pending.pop_front() {
@@ -410,6 +418,10 @@ impl Run {
             }
             match std::mem::replace(&mut self.phase, Phase::Ended) {
                 Phase::Ended => return None,
+                Phase::Draining(response) => {
+                    self.drain(response).await;
+                    return None;
+                }
                 Phase::Start(request) => match self.open(&request).await {
                     Ok(response) => self.phase = Phase::Body(response),
                     Err(finish) => return Some(self.end(finish)),
@@ -444,8 +456,9 @@ impl Run {
                         match result {
                             Ok(outcome) if outcome.done => {
                                 tracing::debug!(route = %self.inner.config.route, "openai stream done");
-                                // Phase stays `Ended`: no event is read after `[DONE]`.
-                                release_connection(response);
+                                // No event is read after `[DONE]`; the body's end only frees the
+                                // connection, once the final chunks are out.
+                                self.phase = Phase::Draining(response);
                             }
                             Ok(_) => self.phase = Phase::Body(response),
                             Err(e) => {
@@ -456,6 +469,28 @@ impl Run {
                     }
                 },
             }
+        }
+    }
+
+    /// Reads what is left of a body after `[DONE]` — normally just the end of the chunked encoding —
+    /// so the connection goes back to the pool instead of being closed (no new TLS handshake for the
+    /// next request). Bounded by `DRAIN_MS` and `ERROR_BODY_BYTES_MAX`, cancellable; runs only when
+    /// the consumer polls past the `finish`, so it never delays a chunk. Dropping the response when
+    /// the body has not ended closes the connection, as it must.
+    async fn drain(&self, mut response: reqwest::Response) {
+        let read_to_end = async {
+            let mut n_bytes = 0;
+            while let Ok(Some(bytes)) = response.chunk().await {
+                n_bytes += bytes.len();
+                if n_bytes > ERROR_BODY_BYTES_MAX {
+                    break;
+                }
+            }
+        };
+        tokio::select! {
+            biased;
+            () = self.cancel.cancelled() => {}
+            _ = tokio::time::timeout(Duration::from_millis(DRAIN_MS), read_to_end) => {}
         }
     }
 
@@ -622,18 +657,6 @@ impl Run {
         failure.provider_retry_after_ms = retry_after_ms;
         failure.request_id = request_id;
         error_finish(failure)
-    }
-}
-
-/// Takes whatever the body still holds *without waiting* (typically just the chunked terminator that
-/// arrived with `[DONE]`), so a finished body lets the connection go back to the pool instead of
-/// being closed; then drops the response. Never delays the final chunks.
-fn release_connection(mut response: reqwest::Response) {
-    for _ in 0..4 {
-        match response.chunk().now_or_never() {
-            Some(Ok(Some(_))) => {}
-            _ => break,
-        }
     }
 }
 

@@ -4,8 +4,10 @@
 //! closed counted, so a test can prove that cancellation really dropped the connection.
 //!
 //! Streams use chunked transfer encoding, so a clean end (`0\r\n\r\n`) and an abrupt disconnect are
-//! distinguishable on the client side, exactly as with a real server. Every response carries
-//! `connection: close`: one request per connection keeps the "client closed it" signal unambiguous.
+//! distinguishable on the client side, exactly as with a real server. By default every response
+//! carries `connection: close`: one request per connection keeps the "client closed it" signal
+//! unambiguous. `start_keep_alive` instead keeps cleanly ended streams' connections open for the next
+//! request, and `n_connections` tells whether the client reused them.
 
 #![allow(dead_code)]
 
@@ -105,6 +107,8 @@ impl Captured {
 
 #[derive(Default)]
 struct Shared {
+    keep_alive: bool,
+    n_connections: AtomicUsize,
     script: Mutex<VecDeque<Behaviour>>,
     captured: Mutex<Vec<Captured>>,
     n_closed_by_client: AtomicUsize,
@@ -135,16 +139,35 @@ impl FakeServer {
     /// Binds 127.0.0.1 on a free port and serves `script`, one behaviour per request; past the end
     /// every request gets HTTP 500 `MOCK_SCRIPT_EXHAUSTED`.
     pub async fn start(script: Vec<Behaviour>) -> FakeServer {
+        FakeServer::start_with(script, false).await
+    }
+
+    /// As `start`, but a stream that ends cleanly leaves its connection open for another request.
+    pub async fn start_keep_alive(script: Vec<Behaviour>) -> FakeServer {
+        FakeServer::start_with(script, true).await
+    }
+
+    async fn start_with(script: Vec<Behaviour>, keep_alive: bool) -> FakeServer {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("bound address");
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            keep_alive,
+            ..Shared::default()
+        });
         *shared.script.lock().expect("fresh lock") = script.into();
         let accept_shared = shared.clone();
         let task = tokio::spawn(async move {
             while let Ok((sock, _)) = listener.accept().await {
-                tokio::spawn(serve(sock, accept_shared.clone()));
+                accept_shared.n_connections.fetch_add(1, Ordering::SeqCst);
+                let shared = accept_shared.clone();
+                tokio::spawn(async move {
+                    let mut sock = sock;
+                    while let Some(reusable) = serve(sock, shared.clone()).await {
+                        sock = reusable;
+                    }
+                });
             }
         });
         FakeServer { addr, shared, task }
@@ -157,6 +180,11 @@ impl FakeServer {
 
     pub fn requests(&self) -> Vec<Captured> {
         self.shared.captured.lock().expect("lock").clone()
+    }
+
+    /// Connections accepted so far.
+    pub fn n_connections(&self) -> usize {
+        self.shared.n_connections.load(Ordering::SeqCst)
     }
 
     pub fn n_closed_by_client(&self) -> usize {
@@ -260,11 +288,10 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-async fn serve(mut sock: TcpStream, shared: Arc<Shared>) {
+/// Serves one request; returns the socket when it stays open for another.
+async fn serve(mut sock: TcpStream, shared: Arc<Shared>) -> Option<TcpStream> {
     let _ = sock.set_nodelay(true);
-    let Some(request) = read_request(&mut sock).await else {
-        return;
-    };
+    let request = read_request(&mut sock).await?;
     shared.captured.lock().expect("lock").push(request);
     let behaviour = shared
         .script
@@ -302,11 +329,15 @@ async fn serve(mut sock: TcpStream, shared: Arc<Shared>) {
             let _ = wr.shutdown().await;
         }
         Behaviour::Stream { steps, ending } => {
-            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
-                        transfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+            let keep = shared.keep_alive && ending == Ending::Clean;
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                 transfer-encoding: chunked\r\nconnection: {}\r\n\r\n",
+                if keep { "keep-alive" } else { "close" }
+            );
             if wr.write_all(head.as_bytes()).await.is_err() {
                 shared.client_closed();
-                return;
+                return None;
             }
             for step in steps {
                 match step {
@@ -319,14 +350,14 @@ async fn serve(mut sock: TcpStream, shared: Arc<Shared>) {
                         frame.extend_from_slice(b"\r\n");
                         if wr.write_all(&frame).await.is_err() || wr.flush().await.is_err() {
                             shared.client_closed();
-                            return;
+                            return None;
                         }
                     }
                     Step::Sleep(d) => {
                         tokio::select! {
                             () = client_gone(&mut rd) => {
                                 shared.client_closed();
-                                return;
+                                return None;
                             }
                             () = tokio::time::sleep(d) => {}
                         }
@@ -336,6 +367,9 @@ async fn serve(mut sock: TcpStream, shared: Arc<Shared>) {
             match ending {
                 Ending::Clean => {
                     let _ = wr.write_all(b"0\r\n\r\n").await;
+                    if keep {
+                        return rd.reunite(wr).ok();
+                    }
                     let _ = wr.shutdown().await;
                 }
                 Ending::Disconnect => {}
@@ -351,4 +385,5 @@ async fn serve(mut sock: TcpStream, shared: Arc<Shared>) {
         }
         Behaviour::DropBeforeHeaders => {}
     }
+    None
 }
