@@ -816,6 +816,35 @@ async fn one_byte_per_http_chunk() {
     scenario_byte_per_frame(canary()).await;
 }
 
+/// §9.29.25: a 2xx without a body is EMPTY_RESPONSE; §9.29.24: a request cancelled before it starts
+/// ends `aborted` without any I/O.
+#[tokio::test]
+async fn no_content_and_pre_cancelled_requests() {
+    let server = FakeServer::start(vec![Behaviour::status(204, "", &[])]).await;
+    let p = provider(&server, canary(), |_| {});
+    assert_eq!(
+        collect(&p, request("hi")).await,
+        vec![error_chunk(LlmFailure::new(
+            "EMPTY_RESPONSE",
+            "API returned no response body"
+        ))]
+    );
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let out: Vec<StreamChunk> = p.stream(request("hi"), cancel).collect().await;
+    assert_eq!(
+        out,
+        vec![StreamChunk::finish(FinishReason::Aborted {
+            failure: LlmFailure::new("ABORTED", "request aborted by caller")
+        })]
+    );
+    assert_eq!(
+        server.requests().len(),
+        1,
+        "the cancelled request was never sent"
+    );
+}
+
 /// A stream that ended with `[DONE]` hands its connection back: the next request reuses it.
 #[tokio::test]
 async fn a_finished_stream_leaves_its_connection_reusable() {
