@@ -264,10 +264,18 @@ pub struct InboxSpliced {
     pub target: InboxTarget,
     pub start: u64,
     /// Present only when > 0.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub removed_count: Option<u64>,
     pub inserted: Vec<Arc<Message>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub outcome: Option<SpliceOutcome>,
 }
 
@@ -365,7 +373,11 @@ pub struct RequestHeaderEvent {
 pub struct RequestContext {
     pub provider: String,
     pub model: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub context_window: Option<u64>,
 }
 
@@ -385,10 +397,18 @@ pub struct AssistantMessageEvent {
     pub turn: u64,
     pub step: u64,
     pub message: Arc<Message>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub usage: Option<TokenUsage>,
     /// Only ever `Some(true)`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub interrupted: Option<bool>,
 }
 
@@ -419,9 +439,17 @@ pub struct ToolResultEvent {
     pub turn: u64,
     pub step: u64,
     pub message: Arc<Message>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub error: Option<ToolErrorInfo>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub meta: Option<Value>,
 }
 
@@ -438,7 +466,11 @@ pub struct LlmRetry {
     pub policy_key: String,
     pub retry: u64,
     /// Present in `normal` mode only.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub max_retries: Option<u64>,
     /// Milliseconds; the original may write fractions.
     pub delay_ms: Number,
@@ -458,6 +490,14 @@ pub struct LlmRetryStarted {
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct EmptyPayload {}
+
+/// Deserializes an optional key that, when present, must hold a value: the format omits absent
+/// optionals and never writes `null`, so a `null` is refused instead of being read as absent (which
+/// would drop the key on the next write). With `#[serde(default)]`, an absent key is `None`. A
+/// `Value` field keeps a present `null` as `Some(Value::Null)`: there `null` is data.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
 
 impl Serialize for Event {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -508,11 +548,11 @@ struct RawEnvelope<'a> {
     time: i64,
     #[serde(borrow)]
     data: &'a RawValue,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     ignorable: Option<bool>,
-    #[serde(rename = "sourceEventSeqs", default)]
+    #[serde(rename = "sourceEventSeqs", default, deserialize_with = "present")]
     source_event_seqs: Option<Vec<u64>>,
-    #[serde(rename = "surfaceOp", default)]
+    #[serde(rename = "surfaceOp", default, deserialize_with = "present")]
     surface_op: Option<SurfaceOp>,
 }
 
@@ -584,17 +624,37 @@ pub struct SessionHeader {
     pub id: SessionId,
     /// Unix epoch milliseconds.
     pub created_at: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub cwd: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub parent_session: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub seed_length: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub origin: Option<String>,
     #[serde(default)]
     pub delegation_depth: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub agent_preset: Option<String>,
 }
 
@@ -650,5 +710,36 @@ mod tests {
         for line in bad {
             assert!(Event::from_json(line).is_err(), "{line} accepted");
         }
+    }
+}
+
+/// A present optional key must hold a value: `null` is refused instead of being read as absent,
+/// because reading it as absent would drop the key on the next write (the original never writes
+/// `null` for an absent optional, and its envelope check refuses `ignorable: null`). Where `null` is
+/// data (`meta` is any JSON value) it is kept.
+#[cfg(test)]
+mod null_tests {
+    use super::*;
+
+    #[test]
+    fn null_optionals_are_refused_and_null_data_is_kept() {
+        let refused = [
+            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1},"ignorable":null}"#,
+            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1},"sourceEventSeqs":null}"#,
+            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1},"surfaceOp":null}"#,
+            r#"{"type":"assistant/message","seq":0,"time":1,"data":{"turn":1,"step":1,"message":{"id":"a","role":"assistant","content":[],"source":{"kind":"model","provider":"p","model":"m"}},"usage":null},"surfaceOp":"append"}"#,
+            r#"{"type":"request/context","seq":0,"time":1,"data":{"provider":"p","model":"m","contextWindow":null}}"#,
+            r#"{"type":"agent/inbox/spliced","seq":0,"time":1,"data":{"target":"next-turn","start":0,"removedCount":null,"inserted":[]}}"#,
+        ];
+        for line in refused {
+            assert!(Event::from_json(line).is_err(), "{line} accepted");
+        }
+        let kept = r#"{"type":"tool/result","seq":0,"time":1,"data":{"turn":1,"step":1,"message":{"id":"r","role":"user","content":[{"type":"tool-result","toolCallId":"c","content":[]}],"source":{"kind":"tool","callId":"c"}},"meta":null},"surfaceOp":"append"}"#;
+        let event = Event::from_json(kept).unwrap();
+        assert_eq!(event.to_json(), kept);
+        let EventData::ToolResult(r) = &event.data else {
+            panic!("not a tool/result");
+        };
+        assert_eq!(r.meta, Some(Value::Null));
     }
 }

@@ -282,3 +282,431 @@ mod tests {
         assert_eq!(v.seq, 5);
     }
 }
+
+/// The original's invariant catalogue (`reference/session-llm.md` §9.7). Cases about the Cordis
+/// companion's lifecycle (1 global registration under a scope, 4 observer containment, 17 listener
+/// removal) have no analogue: `check` and `Tracker` are pure folds with nothing to register.
+#[cfg(test)]
+mod catalogue_tests {
+    use super::*;
+
+    /// Parses JSON event lines, giving each the seq of its position (`SEQ` in the text).
+    fn log(lines: &[String]) -> Vec<Event> {
+        lines
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let json = l.replace("SEQ", &i.to_string());
+                Event::from_json(&json).unwrap_or_else(|e| panic!("{json}: {e}"))
+            })
+            .collect()
+    }
+
+    fn ts(turn: u64) -> String {
+        format!(r#"{{"type":"turn/start","seq":SEQ,"time":0,"data":{{"turn":{turn}}}}}"#)
+    }
+    fn te(turn: u64) -> String {
+        format!(
+            r#"{{"type":"turn/end","seq":SEQ,"time":0,"data":{{"turn":{turn},"reason":{{"kind":"completed"}}}}}}"#
+        )
+    }
+    fn ss(turn: u64, step: u64) -> String {
+        format!(
+            r#"{{"type":"step/start","seq":SEQ,"time":0,"data":{{"turn":{turn},"step":{step}}}}}"#
+        )
+    }
+    fn se(turn: u64, step: u64) -> String {
+        format!(
+            r#"{{"type":"step/end","seq":SEQ,"time":0,"data":{{"turn":{turn},"step":{step}}}}}"#
+        )
+    }
+    fn chunk(turn: u64, step: u64) -> String {
+        format!(
+            r#"{{"type":"assistant/chunk","seq":SEQ,"time":0,"data":{{"turn":{turn},"step":{step},"chunk":{{"type":"text-delta","index":0,"text":"x"}}}}}}"#
+        )
+    }
+    fn assistant(turn: u64, step: u64) -> String {
+        format!(
+            r#"{{"type":"assistant/message","seq":SEQ,"time":0,"data":{{"turn":{turn},"step":{step},"message":{{"id":"a","role":"assistant","content":[],"source":{{"kind":"model","provider":"p","model":"m"}}}}}},"sourceEventSeqs":[],"surfaceOp":"append"}}"#
+        )
+    }
+    fn call(turn: u64, step: u64, id: &str) -> String {
+        format!(
+            r#"{{"type":"tool/call","seq":SEQ,"time":0,"data":{{"turn":{turn},"step":{step},"callId":"{id}","name":"t","arguments":"{{}}"}}}}"#
+        )
+    }
+    fn result(turn: u64, step: u64, id: &str, tail: &str) -> String {
+        format!(
+            r#"{{"type":"tool/result","seq":SEQ,"time":0,"data":{{"turn":{turn},"step":{step},"message":{{"id":"r","role":"user","content":[{{"type":"tool-result","toolCallId":"{id}","content":[],"isError":false}}],"source":{{"kind":"tool","callId":"{id}"}}}}}},{tail}}}"#
+        )
+    }
+    fn appended_result(turn: u64, step: u64, id: &str) -> String {
+        result(turn, step, id, r#""surfaceOp":"append""#)
+    }
+    fn not_started(turn: u64, step: u64, id: &str) -> String {
+        format!(
+            r#"{{"type":"tool/result","seq":SEQ,"time":0,"data":{{"turn":{turn},"step":{step},"message":{{"id":"r","role":"user","content":[{{"type":"tool-result","toolCallId":"{id}","content":[],"isError":true}}],"source":{{"kind":"tool","callId":"{id}"}}}},"error":{{"name":"ToolNotStartedError","code":"TOOL_NOT_STARTED"}}}},"surfaceOp":"append"}}"#
+        )
+    }
+    fn user() -> String {
+        r#"{"type":"user/message","seq":SEQ,"time":0,"data":{"id":"u","role":"user","content":[],"source":{"kind":"user"}},"surfaceOp":"append"}"#.into()
+    }
+    fn plugin(kind: &str) -> String {
+        format!(r#"{{"type":"{kind}","seq":SEQ,"time":0,"data":{{"todos":[]}}}}"#)
+    }
+    fn header() -> String {
+        r#"{"type":"request/header","seq":SEQ,"time":0,"data":{"header":{"config":{"provider":"p","model":"m"}},"reason":"initial"}}"#.into()
+    }
+    fn context() -> String {
+        r#"{"type":"request/context","seq":SEQ,"time":0,"data":{"provider":"p","model":"m"}}"#
+            .into()
+    }
+    fn end_seed() -> String {
+        r#"{"type":"session/end-seed","seq":SEQ,"time":0,"data":{}}"#.into()
+    }
+
+    fn violation(lines: &[String]) -> (u64, String) {
+        let v = check(&log(lines)).expect_err("the log must be refused");
+        (v.seq, v.reason)
+    }
+
+    /// 2. accepts a well-formed turn, step, and tool sequence (user/message before step/start is
+    /// allowed)
+    #[test]
+    fn accepts_a_well_formed_turn_step_and_tool_sequence() {
+        let lines = [
+            ts(1),
+            user(),
+            ss(1, 1),
+            chunk(1, 1),
+            assistant(1, 1),
+            call(1, 1, "c1"),
+            appended_result(1, 1, "c1"),
+            se(1, 1),
+            ss(1, 2),
+            se(1, 2),
+            te(1),
+            ts(2),
+            te(2),
+        ];
+        assert_eq!(check(&log(&lines)), Ok(()));
+    }
+
+    /// 3. does not advance committed trace state when an event is refused — the refused event can be
+    /// offered again once it is valid, and the state is exactly as before.
+    #[test]
+    fn a_refused_event_leaves_the_trace_unchanged() {
+        let events = log(&[ts(1), se(1, 1), ts(1)]);
+        let mut tracker = Tracker::new();
+        tracker.push(&events[0]).unwrap();
+        let before = format!("{tracker:?}");
+        assert!(tracker.push(&events[1]).is_err());
+        assert_eq!(format!("{tracker:?}"), before);
+        assert_eq!(tracker.open_turn(), Some(1));
+        assert_eq!(tracker.open_step(), None);
+    }
+
+    /// 5. rejects non-monotonic event sequence numbers
+    #[test]
+    fn rejects_non_monotonic_seqs() {
+        let mut events = log(&[ts(1), se(1, 1)]);
+        events[1].seq = 0;
+        let v = check(&events).unwrap_err();
+        assert_eq!(
+            v,
+            Violation {
+                seq: 0,
+                reason: "seq must strictly increase (after 0)".into()
+            }
+        );
+    }
+
+    /// 6. enforces turn numbering and core execution enclosure
+    #[test]
+    fn enforces_turn_numbering_and_enclosure() {
+        assert_eq!(
+            violation(&[ts(1), ts(2)]),
+            (1, "turn/start 2 while turn 1 is still open".into())
+        );
+        assert_eq!(
+            violation(&[ts(1), te(2)]),
+            (1, "turn/end 2 does not match open turn Some(1)".into())
+        );
+        assert_eq!(violation(&[ts(2)]), (0, "expected turn 1, got 2".into()));
+        assert_eq!(
+            violation(&[ts(1), te(1), ts(3)]),
+            (2, "expected turn 2, got 3".into())
+        );
+        // Core execution events inside an open turn (a step need not be open).
+        assert_eq!(
+            check(&log(&[
+                ts(1),
+                plugin("todo/write"),
+                header(),
+                context(),
+                te(1)
+            ])),
+            Ok(())
+        );
+        for outside in [context(), header(), plugin("todo/write")] {
+            let (seq, reason) = violation(&[outside]);
+            assert_eq!(seq, 0);
+            assert!(
+                reason.ends_with(
+                    "appended outside any open turn (core execution events must be turn-enclosed)"
+                ),
+                "{reason}"
+            );
+        }
+        // Idle user messages and plugin events are unconstrained.
+        assert_eq!(
+            check(&log(&[
+                user(),
+                plugin("session/title"),
+                ts(1),
+                te(1),
+                user()
+            ])),
+            Ok(())
+        );
+    }
+
+    /// 7. enforces open-step identity and numbering
+    #[test]
+    fn enforces_open_step_identity_and_numbering() {
+        assert_eq!(
+            violation(&[ts(1), ss(2, 1)]),
+            (1, "step/start for turn 2 but open turn is Some(1)".into())
+        );
+        assert_eq!(
+            violation(&[ts(1), ss(1, 1), ss(1, 2)]),
+            (2, "step/start 2 while step 1 is still open".into())
+        );
+        assert_eq!(
+            violation(&[ts(1), ss(1, 1), te(1)]),
+            (2, "turn/end 1 while step 1 is still open".into())
+        );
+        assert_eq!(
+            violation(&[ts(1), ss(1, 1), se(1, 2)]),
+            (
+                2,
+                "step/end names turn 1/step 2, open is turn 1/step 1".into()
+            )
+        );
+        assert_eq!(
+            violation(&[ts(1), ss(1, 1), assistant(1, 2)]),
+            (
+                2,
+                "assistant/message names turn 1/step 2, open is turn 1/step 1".into()
+            )
+        );
+        assert_eq!(
+            violation(&[ts(1), ss(1, 2)]),
+            (1, "expected step 1 in turn 1, got 2".into())
+        );
+        assert_eq!(
+            violation(&[ts(1), ss(1, 1), se(1, 1), ss(1, 3)]),
+            (3, "expected step 2 in turn 1, got 3".into())
+        );
+        // Step numbers restart with each turn.
+        assert_eq!(
+            check(&log(&[
+                ts(1),
+                ss(1, 1),
+                se(1, 1),
+                te(1),
+                ts(2),
+                ss(2, 1),
+                se(2, 1),
+                te(2)
+            ])),
+            Ok(())
+        );
+    }
+
+    /// 8. requires step-scoped stream and tool events to name the open step
+    #[test]
+    fn stream_and_tool_events_need_the_open_step() {
+        assert_eq!(
+            violation(&[ts(1), chunk(1, 1)]),
+            (
+                1,
+                "assistant/chunk for turn 1/step 1 with no open step".into()
+            )
+        );
+        assert_eq!(
+            violation(&[ts(1), ss(1, 1), appended_result(1, 1, "c9")]),
+            (
+                2,
+                "tool/result for call \"c9\" has no prior tool/call in this step".into()
+            )
+        );
+        assert_eq!(
+            violation(&[ts(1), call(1, 1, "c1")]),
+            (1, "tool/call for turn 1/step 1 with no open step".into())
+        );
+    }
+
+    /// 9. keeps fresh tool-result appends open-step checked — an append-origin result outside a step
+    /// is refused
+    #[test]
+    fn appended_result_outside_a_step_is_refused() {
+        assert_eq!(
+            violation(&[
+                ts(1),
+                ss(1, 1),
+                call(1, 1, "c1"),
+                se(1, 1),
+                appended_result(1, 1, "c1")
+            ]),
+            (4, "tool/result for turn 1/step 1 with no open step".into())
+        );
+    }
+
+    /// 10. treats a validated tool-result replacement as a turn-enclosed rewrite — a content-only
+    /// replacement in a later turn is accepted
+    #[test]
+    fn result_replacement_in_a_later_turn_is_accepted() {
+        let lines = [
+            ts(1),
+            ss(1, 1),
+            call(1, 1, "c1"),
+            appended_result(1, 1, "c1"),
+            se(1, 1),
+            te(1),
+            ts(2),
+            result(
+                1,
+                1,
+                "c1",
+                r#""sourceEventSeqs":[3],"surfaceOp":{"op":"replace","start":3,"end":3}"#,
+            ),
+            te(2),
+        ];
+        assert_eq!(check(&log(&lines)), Ok(()));
+    }
+
+    /// 11. rejects a tool-result replacement outside a turn
+    #[test]
+    fn result_replacement_outside_a_turn_is_refused() {
+        let lines = [
+            ts(1),
+            ss(1, 1),
+            call(1, 1, "c1"),
+            appended_result(1, 1, "c1"),
+            se(1, 1),
+            te(1),
+            result(
+                1,
+                1,
+                "c1",
+                r#""sourceEventSeqs":[3],"surfaceOp":{"op":"replace","start":3,"end":3}"#,
+            ),
+        ];
+        assert_eq!(
+            violation(&lines),
+            (
+                6,
+                "tool/result surface replacement appended outside any open turn".into()
+            )
+        );
+    }
+
+    /// 12. allows not-started repair results and unresolved calls at step end
+    #[test]
+    fn not_started_results_and_unanswered_calls_are_legal() {
+        assert_eq!(
+            check(&log(&[
+                ts(1),
+                ss(1, 1),
+                not_started(1, 1, "c1"),
+                se(1, 1),
+                te(1)
+            ])),
+            Ok(())
+        );
+        assert_eq!(
+            check(&log(&[ts(1), ss(1, 1), call(1, 1, "c1"), se(1, 1), te(1)])),
+            Ok(())
+        );
+        // The exemption needs both marks: an error result that is not TOOL_NOT_STARTED still needs
+        // its call.
+        let unknown = not_started(1, 1, "c1").replace("TOOL_NOT_STARTED", "TOOL_OUTCOME_UNKNOWN");
+        assert!(check(&log(&[ts(1), ss(1, 1), unknown])).is_err());
+    }
+
+    /// 13. does not let a result in a later step satisfy an earlier call
+    #[test]
+    fn later_step_result_cannot_answer_an_earlier_call() {
+        assert_eq!(
+            violation(&[
+                ts(1),
+                ss(1, 1),
+                call(1, 1, "c1"),
+                se(1, 1),
+                ss(1, 2),
+                appended_result(1, 2, "c1")
+            ]),
+            (
+                5,
+                "tool/result for call \"c1\" has no prior tool/call in this step".into()
+            )
+        );
+    }
+
+    /// 14. tracks each session independently — two trackers share nothing, and a bad log is refused.
+    #[test]
+    fn trackers_are_independent() {
+        let a = log(&[ts(1), ss(1, 1)]);
+        let b = log(&[ts(1)]);
+        let mut ta = Tracker::new();
+        let mut tb = Tracker::new();
+        ta.push(&a[0]).unwrap();
+        tb.push(&b[0]).unwrap();
+        ta.push(&a[1]).unwrap();
+        assert_eq!((ta.open_step(), tb.open_step()), (Some(1), None));
+        assert!(check(&log(&[ts(1), ts(1)])).is_err());
+    }
+
+    /// 15. rebuilds trace state for sessions that exist when the checker starts — a tracker fed a
+    /// prefix continues exactly as `check` over the whole log.
+    #[test]
+    fn a_tracker_rebuilt_from_a_prefix_continues_like_the_whole_check() {
+        let events = log(&[
+            ts(1),
+            ss(1, 1),
+            call(1, 1, "c1"),
+            se(1, 1),
+            ss(1, 2),
+            appended_result(1, 2, "c1"),
+        ]);
+        for cut in 0..events.len() {
+            let mut tracker = Tracker::new();
+            for e in &events[..cut] {
+                tracker.push(e).unwrap();
+            }
+            let rest: Result<(), Violation> =
+                events[cut..].iter().try_for_each(|e| tracker.push(e));
+            assert_eq!(rest, check(&events), "cut at {cut}");
+        }
+    }
+
+    /// 16. accepts end-seed whether or not a turn is open — the marker moves no cursor
+    #[test]
+    fn end_seed_is_accepted_anywhere() {
+        assert_eq!(
+            check(&log(&[
+                end_seed(),
+                ts(1),
+                end_seed(),
+                ss(1, 1),
+                end_seed(),
+                se(1, 1),
+                te(1),
+                end_seed()
+            ])),
+            Ok(())
+        );
+        assert!(!is_balanced(&log(&[ts(1), end_seed()])));
+    }
+}
