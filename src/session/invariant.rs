@@ -370,7 +370,7 @@ mod catalogue_tests {
         (v.seq, v.reason)
     }
 
-    /// 2. accepts a well-formed turn, step, and tool sequence (user/message before step/start is
+    /// Case 2: accepts a well-formed turn, step, and tool sequence (user/message before step/start is
     /// allowed)
     #[test]
     fn accepts_a_well_formed_turn_step_and_tool_sequence() {
@@ -392,7 +392,7 @@ mod catalogue_tests {
         assert_eq!(check(&log(&lines)), Ok(()));
     }
 
-    /// 3. does not advance committed trace state when an event is refused — the refused event can be
+    /// Case 3: does not advance committed trace state when an event is refused — the refused event can be
     /// offered again once it is valid, and the state is exactly as before.
     #[test]
     fn a_refused_event_leaves_the_trace_unchanged() {
@@ -406,7 +406,7 @@ mod catalogue_tests {
         assert_eq!(tracker.open_step(), None);
     }
 
-    /// 5. rejects non-monotonic event sequence numbers
+    /// Case 5: rejects non-monotonic event sequence numbers
     #[test]
     fn rejects_non_monotonic_seqs() {
         let mut events = log(&[ts(1), se(1, 1)]);
@@ -421,7 +421,7 @@ mod catalogue_tests {
         );
     }
 
-    /// 6. enforces turn numbering and core execution enclosure
+    /// Case 6: enforces turn numbering and core execution enclosure
     #[test]
     fn enforces_turn_numbering_and_enclosure() {
         assert_eq!(
@@ -471,7 +471,7 @@ mod catalogue_tests {
         );
     }
 
-    /// 7. enforces open-step identity and numbering
+    /// Case 7: enforces open-step identity and numbering
     #[test]
     fn enforces_open_step_identity_and_numbering() {
         assert_eq!(
@@ -524,7 +524,7 @@ mod catalogue_tests {
         );
     }
 
-    /// 8. requires step-scoped stream and tool events to name the open step
+    /// Case 8: requires step-scoped stream and tool events to name the open step
     #[test]
     fn stream_and_tool_events_need_the_open_step() {
         assert_eq!(
@@ -547,7 +547,7 @@ mod catalogue_tests {
         );
     }
 
-    /// 9. keeps fresh tool-result appends open-step checked — an append-origin result outside a step
+    /// Case 9: keeps fresh tool-result appends open-step checked — an append-origin result outside a step
     /// is refused
     #[test]
     fn appended_result_outside_a_step_is_refused() {
@@ -563,7 +563,7 @@ mod catalogue_tests {
         );
     }
 
-    /// 10. treats a validated tool-result replacement as a turn-enclosed rewrite — a content-only
+    /// Case 10: treats a validated tool-result replacement as a turn-enclosed rewrite — a content-only
     /// replacement in a later turn is accepted
     #[test]
     fn result_replacement_in_a_later_turn_is_accepted() {
@@ -586,7 +586,7 @@ mod catalogue_tests {
         assert_eq!(check(&log(&lines)), Ok(()));
     }
 
-    /// 11. rejects a tool-result replacement outside a turn
+    /// Case 11: rejects a tool-result replacement outside a turn
     #[test]
     fn result_replacement_outside_a_turn_is_refused() {
         let lines = [
@@ -612,7 +612,7 @@ mod catalogue_tests {
         );
     }
 
-    /// 12. allows not-started repair results and unresolved calls at step end
+    /// Case 12: allows not-started repair results and unresolved calls at step end
     #[test]
     fn not_started_results_and_unanswered_calls_are_legal() {
         assert_eq!(
@@ -635,7 +635,7 @@ mod catalogue_tests {
         assert!(check(&log(&[ts(1), ss(1, 1), unknown])).is_err());
     }
 
-    /// 13. does not let a result in a later step satisfy an earlier call
+    /// Case 13: does not let a result in a later step satisfy an earlier call
     #[test]
     fn later_step_result_cannot_answer_an_earlier_call() {
         assert_eq!(
@@ -654,7 +654,7 @@ mod catalogue_tests {
         );
     }
 
-    /// 14. tracks each session independently — two trackers share nothing, and a bad log is refused.
+    /// Case 14: tracks each session independently — two trackers share nothing, and a bad log is refused.
     #[test]
     fn trackers_are_independent() {
         let a = log(&[ts(1), ss(1, 1)]);
@@ -668,7 +668,7 @@ mod catalogue_tests {
         assert!(check(&log(&[ts(1), ts(1)])).is_err());
     }
 
-    /// 15. rebuilds trace state for sessions that exist when the checker starts — a tracker fed a
+    /// Case 15: rebuilds trace state for sessions that exist when the checker starts — a tracker fed a
     /// prefix continues exactly as `check` over the whole log.
     #[test]
     fn a_tracker_rebuilt_from_a_prefix_continues_like_the_whole_check() {
@@ -691,7 +691,7 @@ mod catalogue_tests {
         }
     }
 
-    /// 16. accepts end-seed whether or not a turn is open — the marker moves no cursor
+    /// Case 16: accepts end-seed whether or not a turn is open — the marker moves no cursor
     #[test]
     fn end_seed_is_accepted_anywhere() {
         assert_eq!(

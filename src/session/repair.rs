@@ -349,7 +349,7 @@ mod catalogue_tests {
         assert!(Session::from_events(crate::ids::SessionId::new("s").unwrap(), all).is_ok());
     }
 
-    /// 1. returns nothing for a balanced log (ends on turn/end)
+    /// Case 1: returns nothing for a balanced log (ends on turn/end)
     #[test]
     fn nothing_for_a_balanced_log() {
         let events = log(&[
@@ -361,13 +361,13 @@ mod catalogue_tests {
         assert_eq!(interrupted_turn_closers(&events), []);
     }
 
-    /// 2. returns nothing for an empty log
+    /// Case 2: returns nothing for an empty log
     #[test]
     fn nothing_for_an_empty_log() {
         assert_eq!(interrupted_turn_closers(&[]), []);
     }
 
-    /// 3. closes an open turn with no open step (turn/end {interrupted} only) — seq 1
+    /// Case 3: closes an open turn with no open step (turn/end {interrupted} only) — seq 1
     #[test]
     fn open_turn_without_a_step_gets_only_turn_end() {
         let events = log(&[&turn_start(1)]);
@@ -387,7 +387,7 @@ mod catalogue_tests {
         assert_repairs(&events, &closers);
     }
 
-    /// 4. closes an open step before the turn (step/end then turn/end) — seqs 2, 3
+    /// Case 4: closes an open step before the turn (step/end then turn/end) — seqs 2, 3
     #[test]
     fn open_step_is_closed_before_the_turn() {
         let events = log(&[&turn_start(1), &step_start(1, 1)]);
@@ -400,7 +400,7 @@ mod catalogue_tests {
         assert_repairs(&events, &closers);
     }
 
-    /// 5. marks an assistant tool request with no recorded call as not started — tool/result (turn 2,
+    /// Case 5: marks an assistant tool request with no recorded call as not started — tool/result (turn 2,
     /// step 1, isError, TOOL_NOT_STARTED, exact text) → step/end → turn/end, seqs 3..5
     #[test]
     fn requested_but_unrecorded_call_is_not_started() {
@@ -442,7 +442,7 @@ mod catalogue_tests {
         );
     }
 
-    /// 6. does NOT synthesize a result for a tool-call that already has one
+    /// Case 6: does NOT synthesize a result for a tool-call that already has one
     #[test]
     fn answered_call_gets_no_result() {
         let events = log(&[
@@ -457,7 +457,7 @@ mod catalogue_tests {
         assert_repairs(&events, &closers);
     }
 
-    /// 7. does NOT synthesize a result after the owning step already closed — only turn/end at seq 4
+    /// Case 7: does NOT synthesize a result after the owning step already closed — only turn/end at seq 4
     #[test]
     fn call_of_a_closed_step_gets_no_result() {
         let events = log(&[
@@ -471,7 +471,7 @@ mod catalogue_tests {
         assert_repairs(&events, &closers);
     }
 
-    /// 8. synthesizes results only for the still-open turn, not a committed earlier turn
+    /// Case 8: synthesizes results only for the still-open turn, not a committed earlier turn
     #[test]
     fn only_the_open_turn_is_repaired() {
         let events = log(&[
@@ -503,7 +503,7 @@ mod catalogue_tests {
         assert_repairs(&events, &closers);
     }
 
-    /// 9. synthesizes a result for each of multiple unanswered calls, in log order — only the
+    /// Case 9: synthesizes a result for each of multiple unanswered calls, in log order — only the
     /// unanswered ones (here call-b, then call-d), in transcript order.
     #[test]
     fn every_unanswered_call_in_transcript_order() {
@@ -543,7 +543,7 @@ mod catalogue_tests {
         assert_repairs(&events, &closers);
     }
 
-    /// 10. synthesized tool/result carries surfaceOp and sourceEventSeqs when tool/call was logged —
+    /// Case 10: synthesized tool/result carries surfaceOp and sourceEventSeqs when tool/call was logged —
     /// 'append', [3], ToolOutcomeUnknownError/TOOL_OUTCOME_UNKNOWN, text mentions idempotent / verify
     /// external state
     #[test]
@@ -579,7 +579,7 @@ mod catalogue_tests {
         assert_repairs(&events, &closers);
     }
 
-    /// 11. handles tool/call without a matching assistant/message entry gracefully — no result, just
+    /// Case 11: handles tool/call without a matching assistant/message entry gracefully — no result, just
     /// step/end + turn/end
     #[test]
     fn call_without_assistant_request_gets_no_result() {

@@ -326,14 +326,14 @@ mod catalogue_tests {
         s.derive_messages().iter().map(|m| m.text()).collect()
     }
 
-    /// 1. accepts absent or valid source-event references and complete replacement coverage
+    /// Case 1: accepts absent or valid source-event references and complete replacement coverage
     #[test]
     fn accepts_valid_sources_and_complete_coverage() {
         let s = session(&[user("a"), user("b"), replace_user("c", 0, 1, &[0, 1])]);
         assert_eq!(s.surface().nodes, [2]);
     }
 
-    /// 2. rejects source-event references on a non-surface event
+    /// Case 2: rejects source-event references on a non-surface event
     #[test]
     fn sources_on_a_log_only_event_are_refused() {
         let mut s = session(&[user("a")]);
@@ -348,7 +348,7 @@ mod catalogue_tests {
         );
     }
 
-    /// 3. accepts an explicit empty source-event list on an assistant message
+    /// Case 3: accepts an explicit empty source-event list on an assistant message
     #[test]
     fn empty_sources_are_fine_on_an_assistant_message() {
         let mut s = Session::new(SessionId::new("s").unwrap());
@@ -360,7 +360,7 @@ mod catalogue_tests {
         assert_eq!(e.source_event_seqs, Some(vec![]));
     }
 
-    /// 4. rejects malformed sources, self references, non-contiguous seqs and incomplete coverage
+    /// Case 4: rejects malformed sources, self references, non-contiguous seqs and incomplete coverage
     #[test]
     fn rejects_bad_sources() {
         let base = [user("a"), user("b")];
@@ -422,7 +422,7 @@ mod catalogue_tests {
         );
     }
 
-    /// 5. rejects a replacement spanning multiple current nodes
+    /// Case 5: rejects a replacement spanning multiple current nodes
     #[test]
     fn result_rewrite_over_two_nodes_is_refused() {
         let mut s = session(&[result("c1", "a"), result("c2", "b")]);
@@ -436,7 +436,7 @@ mod catalogue_tests {
         );
     }
 
-    /// 6. rejects a replacement targeting a non-result node
+    /// Case 6: rejects a replacement targeting a non-result node
     #[test]
     fn result_rewrite_of_a_user_message_is_refused() {
         let mut s = session(&[user("a")]);
@@ -449,7 +449,7 @@ mod catalogue_tests {
         );
     }
 
-    /// 7 and 8. rejects changes outside tool-result content: another call id or message, a changed
+    /// Case 7 and 8: rejects changes outside tool-result content: another call id or message, a changed
     /// block toolCallId or isError
     #[test]
     fn result_rewrite_may_change_only_content() {
@@ -489,7 +489,7 @@ mod catalogue_tests {
         assert_eq!(texts(&s), [""]);
     }
 
-    /// 9. compares array-valued rest fields structurally
+    /// Case 9: compares array-valued rest fields structurally
     #[test]
     fn result_rewrite_compares_meta_structurally() {
         let meta = |m: &str| format!(r#","meta":{m}"#);
@@ -523,7 +523,7 @@ mod catalogue_tests {
         }
     }
 
-    /// 13. shares ordered entries and nested replacement ranges with foldSurface — replace(0..0) then
+    /// Case 13: shares ordered entries and nested replacement ranges with foldSurface — replace(0..0) then
     /// replace(start 2, end 1) → nodes [3]; replacements [{2,0,0,[0]},{3,2,1,[2,1]}]
     #[test]
     fn fold_surface_reports_nested_replacements() {
@@ -557,7 +557,7 @@ mod catalogue_tests {
         assert_eq!(s.surface().replace_generation, 2);
     }
 
-    /// 15. foldSurface reports the same invalid replacement failures as the incremental path
+    /// Case 15: foldSurface reports the same invalid replacement failures as the incremental path
     #[test]
     fn fold_and_append_report_the_same_failure() {
         let bad = replace_user("x", 42, 42, &[0]);
@@ -571,7 +571,7 @@ mod catalogue_tests {
         assert_eq!(append(&mut s, &bad), Err(want));
     }
 
-    /// 16. leaves incremental state unchanged when candidate validation fails
+    /// Case 16: leaves incremental state unchanged when candidate validation fails
     #[test]
     fn failed_candidate_changes_nothing() {
         let mut s = session(&[user("a"), user("b")]);
@@ -598,7 +598,7 @@ mod catalogue_tests {
         assert_eq!(s.surface().nodes, [0, 1, 2]);
     }
 
-    /// 17 and 18. foldSurface rejects a surface-eligible event without its marker and a marker on a
+    /// Case 17 and 18: foldSurface rejects a surface-eligible event without its marker and a marker on a
     /// log-only event
     #[test]
     fn fold_surface_checks_markers() {
@@ -628,7 +628,7 @@ mod catalogue_tests {
         );
     }
 
-    /// 19, 20 and 21. folds append markers in order, an empty surface without messages, and new
+    /// Case 19, 20 and 21: folds append markers in order, an empty surface without messages, and new
     /// events incrementally
     #[test]
     fn folds_appends_incrementally() {
@@ -643,7 +643,7 @@ mod catalogue_tests {
         assert_eq!(s.derive_messages()[2].text(), "");
     }
 
-    /// 22. replays identically from a seeded log with surface markers — nodes [1,2,4], same messages
+    /// Case 22: replays identically from a seeded log with surface markers — nodes [1,2,4], same messages
     #[test]
     fn replays_identically() {
         let lines = [
@@ -666,7 +666,7 @@ mod catalogue_tests {
         assert_eq!(replayed.events(), live.events());
     }
 
-    /// 23, 24, 25 and 30. a replace splices out exactly the shadowed range, in place
+    /// Case 23, 24, 25 and 30: a replace splices out exactly the shadowed range, in place
     #[test]
     fn replace_splices_the_range_in_place() {
         // 23: shadow 1..2 of [1,2] → [4]
@@ -700,7 +700,7 @@ mod catalogue_tests {
         assert_eq!(texts(&s), ["a", "d", "c"]);
     }
 
-    /// 26, 27 and 28. replace ends must be current nodes in order
+    /// Case 26, 27 and 28: replace ends must be current nodes in order
     #[test]
     fn replace_ends_must_be_current_nodes_in_order() {
         let mut s = session(&[user("a"), user("b")]);
@@ -736,7 +736,7 @@ mod catalogue_tests {
         );
     }
 
-    /// 32, 33, 34, 35 and 37. history comes from the surface path only: boundaries and chunks are
+    /// Case 32, 33, 34, 35 and 37: history comes from the surface path only: boundaries and chunks are
     /// skipped, replaced nodes are gone, injected context is a user message, an empty assistant
     /// message derives to nothing
     #[test]
@@ -764,7 +764,7 @@ mod catalogue_tests {
         assert!(s.derive_messages().is_empty());
     }
 
-    /// 36 and 38. the appended event carries exactly the surface fields it was given, and a log-only
+    /// Case 36 and 38: the appended event carries exactly the surface fields it was given, and a log-only
     /// event carries none
     #[test]
     fn surface_fields_are_recorded_on_the_event() {
@@ -787,7 +787,7 @@ mod catalogue_tests {
         assert_eq!((t.source_event_seqs, t.surface_op), (None, None));
     }
 
-    /// 40, 41, 43–46. only the three message types are surface-eligible; an eligible type without a
+    /// Case 40, 41, 43–46: only the three message types are surface-eligible; an eligible type without a
     /// marker is refused rather than treated as log-only; markers split append-origin events from
     /// replacements
     #[test]
@@ -826,7 +826,7 @@ mod catalogue_tests {
         assert_eq!((append_origin, replacements), (vec![0], vec![1]));
     }
 
-    /// 47. folds the log on access and counts replaces
+    /// Case 47: folds the log on access and counts replaces
     #[test]
     fn counts_replacements() {
         let mut s = session(&[user("a")]);
