@@ -277,6 +277,14 @@ pub fn import_with(
         }),
         (None, None) => None,
     };
+    if let Some(torn) = &torn_tail {
+        tracing::warn!(
+            line = torn.line,
+            n_lines = torn.n_lines,
+            reason = %torn.reason,
+            "import cut a torn tail after the last committed turn/end"
+        );
+    }
     let Scan {
         events,
         lines,
