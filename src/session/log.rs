@@ -77,8 +77,9 @@ pub struct Session {
     /// The canonical form of the last `request/header` event's header.
     ///
     /// Invariant: equals `fold_request_header(events, None)`; a request is rebuilt from it and the
-    /// surface, so it must be the canonical form (an empty `tools` or `system` is absent).
-    header: Option<RequestHeader>,
+    /// surface, so it must be the canonical form (an empty `tools` or `system` is absent). Boxed: a
+    /// `Session` is embedded in the runtime's per-agent state and should stay small.
+    header: Option<Box<RequestHeader>>,
     /// Index of the last `request/context` event.
     context_idx: Option<usize>,
 }
@@ -184,7 +185,9 @@ impl Session {
         }
         match &event.data {
             EventData::TurnStart(t) => self.last_turn = t.turn,
-            EventData::RequestHeader(h) => self.header = Some(h.header.clone().canonical()),
+            EventData::RequestHeader(h) => {
+                self.header = Some(Box::new(h.header.clone().canonical()));
+            }
             EventData::RequestContext(_) => self.context_idx = Some(self.events.len()),
             _ => {}
         }
@@ -228,7 +231,7 @@ impl Session {
 
     /// The canonical header of the last `request/header` event, if any.
     pub fn request_header(&self) -> Option<&RequestHeader> {
-        self.header.as_ref()
+        self.header.as_deref()
     }
 
     /// The payload of the last `request/context` event, if any.

@@ -351,7 +351,7 @@ fn read_line(
                 LineRead::Torn { n_bytes, too_long }
             });
         }
-        let newline = available.iter().position(|&b| b == b'\n');
+        let newline = memchr::memchr(b'\n', available);
         let take = newline.unwrap_or(available.len());
         if !too_long {
             if buf.len() + take > bytes_max {
