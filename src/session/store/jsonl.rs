@@ -374,25 +374,30 @@ fn read_line(
 }
 
 /// The deepest nesting of arrays and objects in a JSON text, counted without recursion and without
-/// parsing; counting stops as soon as it passes `stop_above`. Brackets inside strings do not count.
+/// parsing; counting stops as soon as it passes `stop_above`. Brackets inside strings do not count
+/// (string contents are skipped with `memchr`, they are most of a log's bytes).
 pub fn json_nesting_depth(bytes: &[u8], stop_above: usize) -> usize {
     let mut depth = 0usize;
     let mut deepest = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for &b in bytes {
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_string = false;
-            }
-            continue;
-        }
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        i += 1;
         match b {
-            b'"' => in_string = true,
+            b'"' => loop {
+                // Inside a string: jump to the next quote or backslash.
+                let Some(j) = bytes
+                    .get(i..)
+                    .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
+                else {
+                    return deepest;
+                };
+                i += j + 1;
+                if bytes[i - 1] == b'"' {
+                    break;
+                }
+                // A backslash escapes the next byte, whatever it is.
+                i += 1;
+            },
             b'[' | b'{' => {
                 depth += 1;
                 if depth > deepest {
@@ -1304,6 +1309,48 @@ mod tests {
             "counting stops past the bound"
         );
         assert_eq!(json_nesting_depth(b"1", 2), 0);
+        assert_eq!(
+            json_nesting_depth(br#"["\\", [["a\"]"]]]"#, 9),
+            3,
+            "escaped backslash, then quote"
+        );
+        assert_eq!(json_nesting_depth(br#"[["unterminated [[[["#, 9), 2);
+        assert_eq!(json_nesting_depth(br#"["ends in a backslash \"#, 9), 1);
+    }
+
+    fn arb_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            "[\\[\\]{}\"\\\\a-z]{0,6}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(8, 64, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map("[\\[{\"a-z]{0,3}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn true_depth(v: &Value) -> usize {
+        match v {
+            Value::Array(items) => 1 + items.iter().map(true_depth).max().unwrap_or(0),
+            Value::Object(map) => 1 + map.values().map(true_depth).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    proptest::proptest! {
+        /// The byte scan agrees with the parsed value's depth, brackets and escapes in strings and
+        /// keys included.
+        #[test]
+        fn nesting_depth_matches_the_parsed_depth(v in arb_json()) {
+            let text = v.to_string();
+            proptest::prop_assert_eq!(json_nesting_depth(text.as_bytes(), usize::MAX), true_depth(&v));
+        }
     }
 
     #[test]
