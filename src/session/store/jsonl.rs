@@ -692,6 +692,25 @@ impl Scan<'_> {
         };
         let kind = map.get("type").and_then(Value::as_str).unwrap_or_default();
         if let Some(tag) = RowTag::from_type(kind) {
+            // Check the member count before expanding: a row of empty strings packs an event into
+            // three bytes, so a single line could otherwise expand to millions of events.
+            let n_members = map
+                .get("data")
+                .and_then(|d| {
+                    d.get(if tag == RowTag::ToolCallChunks {
+                        "args"
+                    } else {
+                        "texts"
+                    })
+                })
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len);
+            if self.events.len().saturating_add(n_members) > self.limits.session_events_max {
+                return Err(ImportError::TooManyEvents {
+                    line,
+                    events_max: self.limits.session_events_max,
+                });
+            }
             let events = match legacy::decode_row(tag, &map) {
                 Ok(events) => events,
                 Err(e) => return Ok(Err(e.to_string())),
@@ -699,12 +718,6 @@ impl Scan<'_> {
             let seq0 = events.first().map(|e| e.seq);
             if seq0 != Some(expected) {
                 return self.seq_gap(line, expected, seq0, false);
-            }
-            if self.events.len().saturating_add(events.len()) > self.limits.session_events_max {
-                return Err(ImportError::TooManyEvents {
-                    line,
-                    events_max: self.limits.session_events_max,
-                });
             }
             for event in events {
                 self.push(line, event)?;
