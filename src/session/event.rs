@@ -562,6 +562,14 @@ struct RawEnvelope<'a> {
 /// When `kind` is unknown and the event is not ignorable, or the payload does not match the type.
 pub fn parse_data(kind: &str, data: &str, ignorable: bool) -> Result<EventData, String> {
     fn typed<'a, T: Deserialize<'a>>(kind: &str, data: &'a str) -> Result<T, String> {
+        // serde's derived structs also accept a JSON array (fields by position), which would be
+        // written back as an object: every typed payload must be an object on the wire.
+        if !data.trim_start().starts_with('{') {
+            return Err(format!("{kind} payload must be a JSON object"));
+        }
+        serde_json::from_str(data).map_err(|e| format!("{kind} payload: {e}"))
+    }
+    fn any(kind: &str, data: &str) -> Result<Value, String> {
         serde_json::from_str(data).map_err(|e| format!("{kind} payload: {e}"))
     }
     Ok(match kind {
@@ -585,7 +593,7 @@ pub fn parse_data(kind: &str, data: &str, ignorable: bool) -> Result<EventData, 
         }
         _ if KNOWN_EVENT_TYPES.contains(&kind) || ignorable => EventData::Other {
             kind: kind.to_string(),
-            data: typed(kind, data)?,
+            data: any(kind, data)?,
         },
         _ => {
             return Err(format!(
@@ -734,6 +742,13 @@ mod null_tests {
         for line in refused {
             assert!(Event::from_json(line).is_err(), "{line} accepted");
         }
+        // A typed payload written as an array would come back as an object.
+        assert_eq!(
+            Event::from_json(r#"{"type":"turn/start","seq":0,"time":1,"data":[1]}"#),
+            Err(EventParseError(
+                "turn/start payload must be a JSON object".into()
+            ))
+        );
         let kept = r#"{"type":"tool/result","seq":0,"time":1,"data":{"turn":1,"step":1,"message":{"id":"r","role":"user","content":[{"type":"tool-result","toolCallId":"c","content":[]}],"source":{"kind":"tool","callId":"c"}},"meta":null},"surfaceOp":"append"}"#;
         let event = Event::from_json(kept).unwrap();
         assert_eq!(event.to_json(), kept);
