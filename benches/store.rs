@@ -269,7 +269,7 @@ fn raw_connection(dir: &std::path::Path) -> rusqlite::Connection {
          CREATE TABLE events (
              session_id TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, json TEXT NOT NULL,
              PRIMARY KEY (session_id, seq)
-         ) WITHOUT ROWID;",
+         );",
     )
     .expect("schema");
     conn
