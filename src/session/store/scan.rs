@@ -7,6 +7,8 @@
 //! is a *torn tail* or *corruption* is decided as in `reference/session-llm.md` §5.6: if any later row
 //! holds a `turn/end`, the damage sits before a committed turn end and the log is `Corrupt`; otherwise
 //! everything from the bad row on is a torn tail that `load` cuts (durably) and `inspect` reports.
+//! Unlike a JSON-lines file, a store row also names its type in the `kind` column, so a refused row
+//! whose own `kind` says `turn/end` is a damaged committed turn end: `Corrupt` as well.
 //! The accepted prefix is then validated again with `Session::from_events` (the second half of the
 //! paired assertion: the session writer validated these events before they were appended), and the
 //! closers for an open tail turn are computed with `session::repair::interrupted_turn_closers`.
@@ -79,7 +81,8 @@ pub(crate) struct Scanner<'l> {
     events: Vec<Event>,
     /// The first refused row: its position in the log and the reason. Once set, no row is accepted.
     issue: Option<(u64, String)>,
-    /// Whether a row after `issue` holds a `turn/end` (which makes the issue corruption).
+    /// Whether the row of `issue` or a later one holds a `turn/end` (which makes the issue
+    /// corruption).
     turn_end_after_issue: bool,
     /// One past the greatest seq seen in any row.
     raw_end: u64,
@@ -130,7 +133,10 @@ impl<'l> Scanner<'l> {
         let position = self.events.len() as u64;
         match self.accept(position, &row) {
             Ok(event) => self.events.push(event),
-            Err(reason) => self.issue = Some((position, reason)),
+            Err(reason) => {
+                self.issue = Some((position, reason));
+                self.turn_end_after_issue = holds_turn_end(&row);
+            }
         }
         Ok(())
     }
@@ -358,17 +364,34 @@ mod tests {
 
     #[test]
     fn a_kind_column_that_disagrees_is_refused() {
+        // The kind column says step/start but the JSON is a turn/start: refused; nothing at or after
+        // it is a turn end, so it is a torn tail.
         let s = scan(
-            &[row(0, "turn/start", T1), row(1, "step/end", E1)],
+            &[
+                row(0, "turn/start", T1),
+                row(1, "turn/end", E1),
+                row(2, "step/start", T2),
+            ],
             &Limits::DEFAULT,
+        )
+        .unwrap();
+        assert_eq!(s.events.len(), 2);
+        let (seq, reason) = s.torn_tail.unwrap();
+        assert_eq!(seq, 2);
+        assert_eq!(
+            reason,
+            "the kind column says \"step/start\" but the event is \"turn/start\""
         );
-        // The kind column says step/end but the JSON is a turn/end: the row is refused, and since
-        // it is the last row nothing later holds a turn/end, so it is a torn tail.
-        let s = s.unwrap();
-        assert_eq!(s.events.len(), 1);
-        assert_eq!(s.torn_tail.as_ref().map(|t| t.0), Some(1));
-        assert_eq!(s.closers.len(), 1);
-        assert_eq!(s.closers[0].kind(), "turn/end");
+        assert!(s.closers.is_empty());
+    }
+
+    #[test]
+    fn a_damaged_row_that_is_a_turn_end_is_corruption() {
+        // The last row is refused, and either its kind column or its JSON says turn/end.
+        for last in [row(1, "turn/end", "{garbage"), row(1, "step/end", E1)] {
+            let err = scan(&[row(0, "turn/start", T1), last], &Limits::DEFAULT).unwrap_err();
+            assert!(matches!(err, StoreError::Corrupt { seq: 1, .. }), "{err:?}");
+        }
     }
 
     #[test]
@@ -397,7 +420,7 @@ mod tests {
         let big = RowRef {
             bytes: 81,
             json: None,
-            ..row(1, "turn/end", E1)
+            ..row(1, "step/start", "")
         };
         let s = scan(&[row(0, "turn/start", T1), big], &limits).unwrap();
         assert_eq!(
