@@ -263,6 +263,9 @@ enum Slot {
     Deleted,
 }
 
+/// The session map. It holds one entry (the header, a few hundred bytes) per session touched since
+/// the store opened — created, appended, loaded or asked about — and loses it on delete; it is not
+/// evicted otherwise, so its size follows the number of sessions in use, not the history length.
 struct Sessions {
     slots: HashMap<SessionId, Slot>,
     /// Bumped whenever an id leaves `slots`, so that `touch`, which reads the database without the
@@ -757,7 +760,8 @@ impl SqliteStore {
         }
     }
 
-    /// Reads and scans a session (no writes). `None` events means registered but not yet stored.
+    /// Reads and scans a session (no writes). A session only registered (nothing stored yet) scans
+    /// as an empty log.
     async fn scan(&self, id: &SessionId) -> Result<(SessionHeader, Scanned), StoreError> {
         self.touch(id).await?;
         let header = {
