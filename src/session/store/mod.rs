@@ -12,6 +12,7 @@
 
 pub mod jsonl;
 pub mod memory;
+pub(crate) mod scan;
 pub mod sqlite;
 
 use async_trait::async_trait;
@@ -93,6 +94,15 @@ pub enum StoreError {
         seq: u64,
         reason: String,
     },
+    #[error("session {id}: event at seq {seq} is {bytes} bytes, the limit is {bytes_max}")]
+    EventTooLarge {
+        id: SessionId,
+        seq: u64,
+        bytes: usize,
+        bytes_max: usize,
+    },
+    #[error("session {id} holds more than {n_events_max} events, the limit")]
+    LogTooLong { id: SessionId, n_events_max: u64 },
     #[error("{op} failed: {cause}")]
     Io { op: &'static str, cause: String },
     #[error("the store is closed")]
@@ -117,7 +127,9 @@ pub trait SessionStore: Send + Sync + 'static {
     ///
     /// # Errors
     /// `NotFound` for an unknown id, `SeqMismatch` when `events[0].seq` is not the stored next seq or
-    /// the batch is not contiguous, `Poisoned` after a failed sync, `Io` for other failures.
+    /// the batch is not contiguous, `EventTooLarge` for a record over `Limits::event_bytes_max`,
+    /// `LogTooLong` when the log would exceed `Limits::session_events_max`, `Poisoned` after a failed
+    /// sync, `Io` for other failures.
     async fn append(&self, id: &SessionId, events: Vec<EncodedEvent>) -> Result<(), StoreError>;
 
     /// Reads a session, validates it, and if its last turn is open appends the repair closers
@@ -125,13 +137,13 @@ pub trait SessionStore: Send + Sync + 'static {
     /// damage before it is `Corrupt`.
     ///
     /// # Errors
-    /// `NotFound`, `Corrupt`, `Poisoned` (when a repair must be written), `Io`.
+    /// `NotFound`, `Corrupt`, `LogTooLong`, `Poisoned` (when a repair must be written), `Io`.
     async fn load(&self, id: &SessionId) -> Result<LoadedSession, StoreError>;
 
     /// Like `load` but writes nothing: reports the closers and torn tail a load would write.
     ///
     /// # Errors
-    /// `NotFound`, `Corrupt`, `Io`.
+    /// `NotFound`, `Corrupt`, `LogTooLong`, `Io`.
     async fn inspect(&self, id: &SessionId) -> Result<Inspection, StoreError>;
 
     /// Every session with at least one durable event, in creation order.

@@ -1,0 +1,307 @@
+//! The writer of `SqliteStore`: one async task that owns the write queue and the write connection,
+//! and commits everything queued as one group.
+//!
+//! `run_writer` waits for a request, takes every request queued behind it (all sessions, at most
+//! `SqliteConfig::queue_requests_max`), and hands the group to one blocking job on tokio's blocking
+//! pool (`commit_group`): one `BEGIN IMMEDIATE … COMMIT` — one WAL fsync — then every waiter is
+//! answered, then a passive checkpoint runs if enough WAL was written. Only then does the task take
+//! the next group, so requests that arrive during a commit form the next group and there is never a
+//! timer. Running the commit under `spawn_blocking` rather than on a thread of our own keeps tokio's
+//! paused test clock from jumping while an fsync runs (STYLE §5, tokio#5115).
+//!
+//! What must stay true: requests reach this queue already validated and reserved (`sqlite.rs`), so a
+//! statement that fails here is a failure of the disk or the database, never of the caller: the
+//! whole group gets `Io`, the store is poisoned, and nothing is retried. A `Close` request stops the
+//! writer after everything queued before it; the connection (and the lock file) close before the
+//! close is answered.
+
+use std::fs::File;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::{Connection, ToSql, TransactionBehavior, params};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
+use tracing::debug;
+
+use super::{Db, Shared, Slot, describe};
+use crate::ids::SessionId;
+use crate::session::store::{EncodedEvent, StoreError};
+
+/// A session header on its way into the `sessions` table with the first append.
+#[derive(Debug)]
+pub(super) struct Materialize {
+    pub(super) created_at: i64,
+    pub(super) json: String,
+}
+
+#[derive(Debug)]
+pub(super) enum Op {
+    Append {
+        id: SessionId,
+        materialize: Option<Materialize>,
+        events: Vec<EncodedEvent>,
+    },
+    /// A load's repair: delete rows from `cut_from` on (a torn tail), then append the closers.
+    Repair {
+        id: SessionId,
+        cut_from: Option<u64>,
+        events: Vec<EncodedEvent>,
+    },
+    Delete {
+        id: SessionId,
+    },
+    /// Stop the writer once everything queued before this is committed.
+    Close,
+}
+
+/// One queued write and the waiter it answers.
+pub(super) struct Request {
+    pub(super) op: Op,
+    pub(super) reply: oneshot::Sender<Result<(), StoreError>>,
+    /// Returns this request's bytes to the queue budget when the request is dropped (answered).
+    pub(super) _bytes: Option<OwnedSemaphorePermit>,
+}
+
+fn to_i64(value: u64, what: &str) -> rusqlite::Result<i64> {
+    i64::try_from(value).map_err(|_| {
+        rusqlite::Error::ToSqlConversionFailure(format!("{what} {value} exceeds i64").into())
+    })
+}
+
+/// Event JSON bound as SQLite TEXT without re-validating UTF-8 (`EncodedEvent::json` is built from
+/// a `String`).
+struct JsonText<'a>(&'a [u8]);
+
+impl ToSql for JsonText<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(ValueRef::Text(self.0)))
+    }
+}
+
+/// The writer's connection and what the blocking commit job carries between groups.
+pub(super) struct Writer {
+    pub(super) db: Db,
+    /// The exclusive lock on `LOCK_FILE_NAME`, held (never read) until the writer stops.
+    pub(super) _lock: File,
+    pub(super) wal_bytes_since_checkpoint: u64,
+}
+
+/// The writer task: owns the queue; one blocking commit job at a time.
+pub(super) async fn run_writer(
+    shared: Arc<Shared>,
+    mut rx: mpsc::Receiver<Request>,
+    writer: Writer,
+) {
+    let mut writer = Some(writer);
+    let group_requests_max = shared.config.queue_requests_max;
+    while let Some(first) = rx.recv().await {
+        let mut group = Vec::with_capacity(rx.len().saturating_add(1).min(group_requests_max));
+        group.push(first);
+        while group.len() < group_requests_max {
+            match rx.try_recv() {
+                Ok(request) => group.push(request),
+                Err(_) => break,
+            }
+        }
+        let close_idx = group.iter().position(|r| matches!(r.op, Op::Close));
+        let after_close = close_idx.map(|idx| group.split_off(idx));
+        if !group.is_empty() {
+            match writer.take() {
+                Some(w) => {
+                    let job_shared = Arc::clone(&shared);
+                    let job = tokio::task::spawn_blocking(move || {
+                        let mut w = w;
+                        commit_group(&job_shared, &mut w, group);
+                        w
+                    });
+                    match job.await {
+                        Ok(w) => writer = Some(w),
+                        // The group's waiters see their reply channels dropped.
+                        Err(e) => shared.poison(format!("the commit job failed: {e}")),
+                    }
+                }
+                None => {
+                    let cause = shared
+                        .poison
+                        .get()
+                        .cloned()
+                        .unwrap_or_else(|| "the writer connection was lost".to_string());
+                    answer_all(group, || StoreError::Poisoned {
+                        cause: cause.clone(),
+                    });
+                }
+            }
+        }
+        if let Some(mut rest) = after_close {
+            // Close the connection (and release the lock) before answering the close.
+            drop(writer.take());
+            let close = rest.remove(0);
+            answer_all(rest, || StoreError::Closed);
+            let _ = close.reply.send(Ok(()));
+            break;
+        }
+    }
+    debug!(path = %shared.db_path.display(), "session store writer stopped");
+}
+
+fn answer_all(group: Vec<Request>, error: impl Fn() -> StoreError) {
+    for request in group {
+        let _ = request.reply.send(Err(error()));
+    }
+}
+
+/// Commits one group in one transaction, answers every request, then checkpoints if due. Any
+/// failure poisons the store.
+fn commit_group(shared: &Shared, writer: &mut Writer, group: Vec<Request>) {
+    if let Some(cause) = shared.poison.get() {
+        answer_all(group, || StoreError::Poisoned {
+            cause: cause.clone(),
+        });
+        return;
+    }
+    shared.counters.n_groups.fetch_add(1, Ordering::SeqCst);
+    let _span = tracing::debug_span!("store_commit", n_requests = group.len()).entered();
+    let started = Instant::now();
+    let mut n_events = 0u64;
+    let mut n_bytes = 0u64;
+    for request in &group {
+        if let Op::Append { events, .. } | Op::Repair { events, .. } = &request.op {
+            n_events += events.len() as u64;
+            n_bytes += events.iter().map(|e| e.json.len() as u64).sum::<u64>();
+        }
+    }
+    let n_requests = group.len() as u64;
+    match write_group(&mut writer.db, &group) {
+        Ok(()) => {
+            let c = &shared.counters;
+            c.n_requests_committed
+                .fetch_add(n_requests, Ordering::SeqCst);
+            c.n_events_committed.fetch_add(n_events, Ordering::SeqCst);
+            c.n_bytes_committed.fetch_add(n_bytes, Ordering::SeqCst);
+            let mut deleted = Vec::new();
+            for request in group {
+                if let Op::Delete { id } = &request.op {
+                    deleted.push(id.clone());
+                }
+                let _ = request.reply.send(Ok(()));
+            }
+            debug!(
+                n_requests,
+                n_events,
+                n_bytes,
+                commit_us = started.elapsed().as_micros() as u64,
+                "group committed"
+            );
+            if !deleted.is_empty() {
+                // The tombstones have done their job: the database now says "absent" itself.
+                let mut sessions = shared.sessions();
+                for id in deleted {
+                    if matches!(sessions.slots.get(&id), Some(Slot::Deleted)) {
+                        sessions.slots.remove(&id);
+                        sessions.epoch += 1;
+                    }
+                }
+            }
+            writer.wal_bytes_since_checkpoint += n_bytes;
+            if writer.wal_bytes_since_checkpoint >= shared.config.checkpoint_after_bytes {
+                checkpoint(shared, writer);
+            }
+        }
+        Err(e) => {
+            let cause = format!(
+                "commit of {n_requests} requests ({n_events} events) failed: {}",
+                describe(&e)
+            );
+            shared.poison(cause.clone());
+            answer_all(group, || StoreError::Io {
+                op: "commit",
+                cause: cause.clone(),
+            });
+        }
+    }
+}
+
+/// The group's statements in one `BEGIN IMMEDIATE … COMMIT`.
+fn write_group(conn: &mut Connection, group: &[Request]) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    {
+        let mut insert_event = tx.prepare_cached(
+            "INSERT INTO events (session_id, seq, kind, json) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        let mut insert_session =
+            tx.prepare_cached("INSERT INTO sessions (id, created_at, header) VALUES (?1, ?2, ?3)")?;
+        let mut cut_tail =
+            tx.prepare_cached("DELETE FROM events WHERE session_id = ?1 AND seq >= ?2")?;
+        let mut delete_events = tx.prepare_cached("DELETE FROM events WHERE session_id = ?1")?;
+        let mut delete_session = tx.prepare_cached("DELETE FROM sessions WHERE id = ?1")?;
+        let mut insert_all = |id: &SessionId, events: &[EncodedEvent]| -> rusqlite::Result<()> {
+            for event in events {
+                insert_event.execute(params![
+                    id.as_str(),
+                    to_i64(event.seq, "seq")?,
+                    event.kind,
+                    JsonText(&event.json)
+                ])?;
+            }
+            Ok(())
+        };
+        for request in group {
+            match &request.op {
+                Op::Append {
+                    id,
+                    materialize,
+                    events,
+                } => {
+                    if let Some(m) = materialize {
+                        insert_session.execute(params![id.as_str(), m.created_at, m.json])?;
+                    }
+                    insert_all(id, events)?;
+                }
+                Op::Repair {
+                    id,
+                    cut_from,
+                    events,
+                } => {
+                    if let Some(cut) = cut_from {
+                        cut_tail.execute(params![id.as_str(), to_i64(*cut, "seq")?])?;
+                    }
+                    insert_all(id, events)?;
+                }
+                Op::Delete { id } => {
+                    delete_events.execute([id.as_str()])?;
+                    delete_session.execute([id.as_str()])?;
+                }
+                Op::Close => {}
+            }
+        }
+    }
+    tx.commit()
+}
+
+/// A passive checkpoint after the group was answered. A failure poisons: the checkpoint's fsync of
+/// the database file is as much a sync as the commit's.
+fn checkpoint(shared: &Shared, writer: &mut Writer) {
+    let started = Instant::now();
+    let result: rusqlite::Result<(i64, i64, i64)> =
+        writer
+            .db
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            });
+    match result {
+        Ok((busy, n_wal_frames, n_checkpointed)) => {
+            writer.wal_bytes_since_checkpoint = 0;
+            shared.counters.n_checkpoints.fetch_add(1, Ordering::SeqCst);
+            debug!(
+                busy,
+                n_wal_frames,
+                n_checkpointed,
+                checkpoint_us = started.elapsed().as_micros() as u64,
+                "wal checkpointed"
+            );
+        }
+        Err(e) => shared.poison(format!("wal checkpoint failed: {}", describe(&e))),
+    }
+}
