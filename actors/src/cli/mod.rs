@@ -6,6 +6,7 @@
 //! printed as one line (`dsh: <message>`) and exits 1, unless the subcommand chose another code.
 
 pub mod config;
+pub mod sim;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -104,6 +105,16 @@ pub struct SimArgs {
     /// Seed of the simulated model and the injections.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Idle time after which an agent hibernates, in milliseconds (the report's memory per agent
+    /// is measured once all hibernated).
+    #[arg(long, default_value_t = 200)]
+    pub hibernate_ms: u64,
+    /// How long to measure the store's own group-commit ceiling after the run (0 = skip).
+    #[arg(long, default_value_t = 1000)]
+    pub ceiling_ms: u64,
+    /// Keep the run's sqlite store (under the data directory, named sim-*) instead of removing it.
+    #[arg(long)]
+    pub keep_store: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -215,8 +226,8 @@ pub fn main(cli: Cli) -> ExitCode {
 async fn dispatch(command: Command, config: Config) -> Result<ExitCode, CliError> {
     let _ = &config;
     match command {
-        Command::Sim(_)
-        | Command::Chat(_)
+        Command::Sim(args) => sim::run(&args, &config, &mut std::io::stdout()).await,
+        Command::Chat(_)
         | Command::Run(_)
         | Command::Sessions(_)
         | Command::Show(_)
