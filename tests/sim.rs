@@ -160,6 +160,11 @@ async fn fifty_agents_two_turns_add_up_against_the_store() {
     assert_eq!(n_samples(&v, "cancel_to_idle_ms"), 0);
     assert_eq!(u(&v, "observer_lagged"), 0);
     assert_eq!(u(&v, "hibernated_agents"), 50);
+    assert_eq!(
+        u(&v, "observed_agents"),
+        50,
+        "small runs observe every agent"
+    );
     assert_eq!(v["store"], "sqlite");
     // Rates are the counts over the same duration.
     let secs = f(&v, "duration_ms") / 1000.0;
@@ -324,6 +329,53 @@ async fn tool_steps_are_counted_per_step() {
     assert_eq!(u(&v, "turns"), 10);
     assert_eq!(n_samples(&v, "step_latency_ms"), 40);
     assert_eq!(v["turn_ends"], serde_json::json!({"completed": 10}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sample_of_agents_is_observed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let v = sim_json(
+        dir.path(),
+        &[
+            "--agents",
+            "30",
+            "--turns",
+            "2",
+            "--steer-rate",
+            "1",
+            "--observe-agents",
+            "7",
+            "--store",
+            "memory",
+            "--json",
+            "--hibernate-ms",
+            "10",
+            "--ceiling-ms",
+            "0",
+        ],
+    )
+    .await;
+    assert_eq!(u(&v, "observed_agents"), 7);
+    assert_eq!(
+        n_samples(&v, "ack_latency_ms"),
+        120,
+        "every agent's acks are measured"
+    );
+    assert_eq!(u(&v, "steers"), 60);
+    assert_eq!(
+        u(&v, "steers_claimed"),
+        14,
+        "steers are followed on observed agents only"
+    );
+    assert_eq!(n_samples(&v, "steer_to_claim_ms"), 14);
+    assert_eq!(u(&v, "turns_started_by_followup"), 14);
+    let ends: u64 = v["turn_ends"]
+        .as_object()
+        .expect("an object")
+        .values()
+        .map(|n| n.as_u64().expect("a count"))
+        .sum();
+    assert_eq!(ends, 14 + u(&v, "turns_started_by_steer"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -115,6 +115,9 @@ pub struct SimArgs {
     /// Keep the run's sqlite store (under the data directory, named sim-*) instead of removing it.
     #[arg(long)]
     pub keep_store: bool,
+    /// How many agents (spread evenly) are observed for the step and steer-to-claim latencies.
+    #[arg(long, default_value_t = 200)]
+    pub observe_agents: usize,
 }
 
 #[derive(Debug, Clone, Args)]

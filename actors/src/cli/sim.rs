@@ -8,8 +8,10 @@
 //!    the end unless `--keep-store`; or `memory`.
 //! 2. Start a host over the `sim` provider (`--latency-ms`, `--tokens-per-sec`, `--reply-tokens`,
 //!    `--tool-rate`, `--seed`) with one simulated tool (`--tool-ms`, cooperative with cancellation)
-//!    and subscribe to it host-wide. Read the resident set size, then create the agents one after the
-//!    other (the creation rate is reported).
+//!    Read the resident set size, then create the agents one after the other (the creation rate is
+//!    reported), and subscribe to a sample of them (`--observe-agents`, spread evenly; all of them
+//!    in small runs): observing costs an agent a copy of each event and a channel send, which must
+//!    not be billed to the runtime at 10,000 agents.
 //! 3. Run one driver task per agent: for each of its turns it sends a followup, with `--steer-rate`
 //!    probability a steer right behind it (the turn is running by then: a followup is acknowledged
 //!    once durable, after the idle agent already started the turn), with `--cancel-rate` probability a
@@ -22,10 +24,11 @@
 //!
 //! What each latency measures (wall time, `Instant`, nothing asserted):
 //! - `ack_latency_ms`: a `followup` or `steer` call, from the call to its return (input durable).
-//! - `step_latency_ms`: from a step's `step/start` to its `step/end`, each observed once durable. It
-//!   includes model and tool time (none with the default knobs).
+//! - `step_latency_ms`: from a step's `step/start` to its `step/end`, each observed once durable, on
+//!   the observed agents. It includes model and tool time (none with the default knobs).
 //! - `steer_to_claim_ms`: from the `steer` call to the `agent/inbox/claimed` notification of that
-//!   message. A steer waits for the step boundary, so a paced model's remaining stream time is in it.
+//!   message, on the observed agents. A steer waits for the step boundary, so a paced model's
+//!   remaining stream time is in it.
 //! - `cancel_to_idle_ms`: from the `cancel` call until `when_idle` resolves (stream closed, tools
 //!   drained, `turn/end` durable).
 //!
@@ -52,12 +55,14 @@ use dsh::session::store::{EncodedEvent, SessionStore, StoreError};
 use dsh::tools::{ExecutionMode, Tool, ToolArgs, ToolInvocation, ToolOutput, ToolRegistry};
 use dsh::turn::{AgentConfig, LiveEvent};
 use dsh::{MessageId, SessionId};
+use futures::{FutureExt, StreamExt};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{CliError, Config, SimArgs};
 use crate::{
     AgentHandle, AgentSpec, Host, HostConfig, HostError, InputError, Observation, Observed,
+    Subscription,
 };
 
 /// The most agents one run hosts. 1,000,000: far above what one machine's memory holds at the
@@ -69,9 +74,12 @@ pub const TURNS_MAX: usize = 1_000_000;
 pub const CEILING_MS_MAX: u64 = 60_000;
 /// The longest hibernation delay. 1 hour.
 pub const HIBERNATE_MS_MAX: u64 = 3_600_000;
-/// Items the host-wide observer may fall behind by before it is told it lagged. 65,536: at ~35
-/// events per turn this absorbs a burst of ~1,900 turns while the observer task waits for a core.
-const OBSERVER_BUFFER_MAX: usize = 1 << 16;
+/// Items one observed agent's subscription buffers before the observer is told it lagged. 512: an
+/// agent publishes ~40 events and notifications per text turn, so this is over ten turns of slack
+/// for an observer thread waiting for a core (and more than a short run's whole output, so small
+/// runs never lag). Every observed agent's buffer is allocated in full when it is subscribed; that
+/// memory is measured and left out of `bytes_per_agent`.
+const OBSERVER_BUFFER_MAX: usize = 512;
 /// Rounds of pre-encoded events each ceiling appender can append at most.
 const CEILING_ROUNDS_MAX: usize = 256;
 /// How long the hibernation wait polls at most before it reports what it has.
@@ -172,6 +180,8 @@ pub struct SimPlan {
     pub hibernate_ms: u64,
     pub ceiling_ms: u64,
     pub keep_store: bool,
+    /// Agents whose events are observed for the step and steer latencies (at most `agents`).
+    pub observe_agents: usize,
 }
 
 impl SimPlan {
@@ -238,6 +248,7 @@ impl SimPlan {
             hibernate_ms: args.hibernate_ms,
             ceiling_ms: args.ceiling_ms,
             keep_store: args.keep_store,
+            observe_agents: args.observe_agents.min(args.agents),
         })
     }
 
@@ -333,8 +344,10 @@ pub struct SimReport {
     pub rss_before_bytes: Option<u64>,
     /// `VmRSS` after the agents hibernated.
     pub rss_hibernated_bytes: Option<u64>,
-    /// (`rss_hibernated_bytes` - `rss_before_bytes`) / `agents`.
+    /// (`rss_hibernated_bytes` - `rss_before_bytes` - `observer_bytes`) / `agents`.
     pub bytes_per_agent: Option<u64>,
+    /// `VmRSS` growth while the observed agents were subscribed (their subscription buffers).
+    pub observer_bytes: u64,
     pub hibernated_agents: usize,
     pub step_latency_ms: Percentiles,
     pub ack_latency_ms: Percentiles,
@@ -342,16 +355,19 @@ pub struct SimReport {
     pub cancel_to_idle_ms: Percentiles,
     pub followups: u64,
     pub steers: u64,
+    /// Steers of the observed agents claimed at a step boundary.
     pub steers_claimed: u64,
-    /// Steers a cancel discarded before a step boundary claimed them.
+    /// Steers of the observed agents a cancel discarded before a step boundary claimed them.
     pub steers_discarded: u64,
     pub cancels: u64,
-    /// Turns whose first claimed message was a followup, or a steer (a steer that arrived after
-    /// the turn it chased had ended starts a turn of its own).
+    /// Turns of the observed agents whose first claimed message was a followup, or a steer (a
+    /// steer that arrived after the turn it chased had ended starts a turn of its own).
     pub turns_started_by_followup: u64,
     pub turns_started_by_steer: u64,
-    /// `turn/end` reasons observed, by kind.
+    /// `turn/end` reasons of the observed agents, by kind.
     pub turn_ends: BTreeMap<String, u64>,
+    /// How many agents were observed (step, steer and turn-end figures come from them).
+    pub observed_agents: usize,
     /// Observations the host-wide observer missed (its samples are then incomplete).
     pub observer_lagged: u64,
     pub config: SimPlan,
@@ -455,7 +471,12 @@ impl SimReport {
             .iter()
             .map(|(k, v)| format!("{v} {k}"))
             .collect();
-        writeln!(out, "  turn ends: {}", ends.join(", "))?;
+        writeln!(
+            out,
+            "  turn ends ({} observed agents): {}",
+            self.observed_agents,
+            ends.join(", ")
+        )?;
         if self.observer_lagged > 0 {
             writeln!(
                 out,
@@ -636,7 +657,7 @@ async fn drive(
     agent: AgentHandle,
     agent_idx: usize,
     plan: Arc<SimPlan>,
-    steers: SteersInFlight,
+    steers: Option<SteersInFlight>,
     progress: Arc<Counters>,
 ) -> Result<DriverTally, SimError> {
     let fail = |error| SimError::Input { agent_idx, error };
@@ -658,7 +679,9 @@ async fn drive(
             let id = MessageId::mint();
             let steer = Message::user_text(id.clone(), "Also mention group commit.");
             let started = Instant::now();
-            steers.insert(id, started);
+            if let Some(steers) = &steers {
+                steers.insert(id, started);
+            }
             agent.steer(steer).await.map_err(fail)?;
             tally.ack_ns.push(ns(started.elapsed()));
             tally.steers += 1;
@@ -695,8 +718,10 @@ struct Observer {
     steers: SteersInFlight,
     /// Per agent: when its open step's `step/start` was observed.
     step_started: HashMap<SessionId, Instant>,
-    /// Per agent: the turn of its last observed claim, to tell which message started a turn.
-    last_claim_turn: HashMap<SessionId, u64>,
+    /// Per agent: the turn of its last observed claim, and whether only steers were claimed in it
+    /// so far. A followup is only ever claimed at its turn's first step, so a turn that claims one
+    /// was started by it, even when a steer's claim in the same step was observed first.
+    last_claim: HashMap<SessionId, (u64, bool)>,
 }
 
 impl Observer {
@@ -729,11 +754,22 @@ impl Observer {
                         self.tally.steers_claimed += 1;
                         self.tally.steer_to_claim_ns.push(ns(now - *sent));
                     }
-                    if self.last_claim_turn.insert(agent, turn) != Some(turn) {
-                        if steer.is_some() {
-                            self.tally.turns_started_by_steer += 1;
-                        } else {
-                            self.tally.turns_started_by_followup += 1;
+                    let is_steer = steer.is_some();
+                    match self.last_claim.get_mut(&agent) {
+                        Some((last_turn, only_steers)) if *last_turn == turn => {
+                            if *only_steers && !is_steer {
+                                *only_steers = false;
+                                self.tally.turns_started_by_steer -= 1;
+                                self.tally.turns_started_by_followup += 1;
+                            }
+                        }
+                        _ => {
+                            self.last_claim.insert(agent, (turn, is_steer));
+                            if is_steer {
+                                self.tally.turns_started_by_steer += 1;
+                            } else {
+                                self.tally.turns_started_by_followup += 1;
+                            }
                         }
                     }
                 }
@@ -748,6 +784,56 @@ impl Observer {
             Observation::Item(Observed::Restarted { .. }) => {}
         }
     }
+}
+
+/// Runs the observer on a thread of its own: as one task among 20,000 agents and drivers it would
+/// be polled too rarely to keep up, and lag (losing samples) instead of measuring. It stops once
+/// `stop` fires and everything already buffered is read.
+fn spawn_observer(
+    subscriptions: Vec<Subscription>,
+    steers: SteersInFlight,
+    stop: CancellationToken,
+) -> Result<std::thread::JoinHandle<ObserverTally>, SimError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| SimError::Task(format!("observer runtime: {e}")))?;
+    let streams = subscriptions.into_iter().map(|sub| {
+        Box::pin(futures::stream::unfold(sub, |mut sub| async move {
+            sub.next().await.map(|item| (item, sub))
+        }))
+    });
+    let mut items = futures::stream::select_all(streams);
+    std::thread::Builder::new()
+        .name("dsh-sim-observer".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let mut observer = Observer {
+                    tally: ObserverTally::default(),
+                    steers,
+                    step_started: HashMap::new(),
+                    last_claim: HashMap::new(),
+                };
+                loop {
+                    tokio::select! {
+                        biased;
+                        item = items.next() => match item {
+                            Some(item) => observer.observe(item),
+                            None => break,
+                        },
+                        () = stop.cancelled() => {
+                            // Everything published before the stop is buffered: drain it.
+                            while let Some(Some(item)) = items.next().now_or_never() {
+                                observer.observe(item);
+                            }
+                            break;
+                        }
+                    }
+                }
+                observer.tally
+            })
+        })
+        .map_err(|e| SimError::Task(format!("observer thread: {e}")))
 }
 
 /// Counters the progress line reads.
@@ -957,49 +1043,6 @@ async fn run_agents(
     );
 
     let steers: SteersInFlight = Arc::new(DashMap::new());
-    let mut subscription = host.subscribe();
-    let stop_observing = CancellationToken::new();
-    // The observer gets a thread of its own: as one task among 20,000 agents and drivers it would
-    // be polled too rarely to keep up, and lag (losing samples) instead of measuring.
-    let observer = {
-        let steers = Arc::clone(&steers);
-        let stop = stop_observing.clone();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| SimError::Task(format!("observer runtime: {e}")))?;
-        std::thread::Builder::new()
-            .name("dsh-sim-observer".into())
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let mut observer = Observer {
-                        tally: ObserverTally::default(),
-                        steers,
-                        step_started: HashMap::new(),
-                        last_claim_turn: HashMap::new(),
-                    };
-                    loop {
-                        tokio::select! {
-                            biased;
-                            item = subscription.next() => match item {
-                                Some(item) => observer.observe(item),
-                                None => break,
-                            },
-                            () = stop.cancelled() => {
-                                // Everything published before the stop is buffered: drain it.
-                                while let Some(item) = subscription.try_next() {
-                                    observer.observe(item);
-                                }
-                                break;
-                            }
-                        }
-                    }
-                    observer.tally
-                })
-            })
-            .map_err(|e| SimError::Task(format!("observer thread: {e}")))?
-    };
-
     let (rss_before_bytes, _) = memory_status();
     progress.phase("creating agents");
     let created_at = Instant::now();
@@ -1016,6 +1059,30 @@ async fn run_agents(
         counters.agents_created.fetch_add(1, Ordering::Relaxed);
     }
     let agents_created_per_sec = per_sec(plan.agents as u64, created_at.elapsed());
+
+    // Only a sample of agents is observed: observing costs each observed agent a copy of every
+    // event and a channel send, which would otherwise be measured as the runtime's own cost.
+    let observed: Vec<bool> = {
+        let mut observed = vec![false; plan.agents];
+        for k in 0..plan.observe_agents {
+            observed[k * plan.agents / plan.observe_agents] = true;
+        }
+        observed
+    };
+    let (rss_unobserved_bytes, _) = memory_status();
+    let subscriptions: Vec<Subscription> = agents
+        .iter()
+        .zip(&observed)
+        .filter(|(_, observed)| **observed)
+        .map(|(agent, _)| agent.subscribe())
+        .collect();
+    let (rss_observed_bytes, _) = memory_status();
+    let observer_bytes = match (rss_unobserved_bytes, rss_observed_bytes) {
+        (Some(before), Some(after)) => after.saturating_sub(before),
+        _ => 0,
+    };
+    let stop_observing = CancellationToken::new();
+    let observer = spawn_observer(subscriptions, Arc::clone(&steers), stop_observing.clone())?;
 
     progress.phase("turns");
     let appends_before = store.n_appends();
@@ -1045,7 +1112,7 @@ async fn run_agents(
                 agent.clone(),
                 agent_idx,
                 Arc::clone(plan),
-                Arc::clone(&steers),
+                observed[agent_idx].then(|| Arc::clone(&steers)),
                 Arc::clone(&counters),
             ))
         })
@@ -1088,7 +1155,9 @@ async fn run_agents(
     let hibernated_agents = wait_hibernated(&agents, plan.hibernate_ms).await?;
     let (rss_hibernated_bytes, _) = memory_status();
     let bytes_per_agent = match (rss_before_bytes, rss_hibernated_bytes) {
-        (Some(before), Some(after)) => Some(after.saturating_sub(before) / plan.agents as u64),
+        (Some(before), Some(after)) => {
+            Some(after.saturating_sub(before).saturating_sub(observer_bytes) / plan.agents as u64)
+        }
         _ => None,
     };
 
@@ -1143,6 +1212,7 @@ async fn run_agents(
         rss_before_bytes,
         rss_hibernated_bytes,
         bytes_per_agent,
+        observer_bytes,
         hibernated_agents,
         step_latency_ms: Percentiles::of(&mut observed.step_ns),
         ack_latency_ms: Percentiles::of(&mut ack_ns),
@@ -1156,6 +1226,7 @@ async fn run_agents(
         turns_started_by_followup: observed.turns_started_by_followup,
         turns_started_by_steer: observed.turns_started_by_steer,
         turn_ends: observed.turn_ends,
+        observed_agents: plan.observe_agents,
         observer_lagged: observed.lagged,
         config: (**plan).clone(),
     })
