@@ -118,6 +118,9 @@ pub struct SimArgs {
     /// How many agents (spread evenly) are observed for the step and steer-to-claim latencies.
     #[arg(long, default_value_t = 200)]
     pub observe_agents: usize,
+    /// Start each agent after a random delay below this many milliseconds (0 = all at once).
+    #[arg(long, default_value_t = 0)]
+    pub ramp_ms: u64,
 }
 
 #[derive(Debug, Clone, Args)]

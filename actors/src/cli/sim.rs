@@ -12,7 +12,8 @@
 //!    reported), and subscribe to a sample of them (`--observe-agents`, spread evenly; all of them
 //!    in small runs): observing costs an agent a copy of each event and a channel send, which must
 //!    not be billed to the runtime at 10,000 agents.
-//! 3. Run one driver task per agent: for each of its turns it sends a followup, with `--steer-rate`
+//! 3. Run one driver task per agent (all at once, or each after a seeded delay within `--ramp-ms`,
+//!    which spreads arrivals the way real users do): for each of its turns it sends a followup, with `--steer-rate`
 //!    probability a steer right behind it (the turn is running by then: a followup is acknowledged
 //!    once durable, after the idle agent already started the turn), with `--cancel-rate` probability a
 //!    user cancel (pending input discarded), then waits until the agent is idle.
@@ -182,6 +183,8 @@ pub struct SimPlan {
     pub keep_store: bool,
     /// Agents whose events are observed for the step and steer latencies (at most `agents`).
     pub observe_agents: usize,
+    /// Each agent starts after a seeded delay within `0..ramp_ms` (0: all at once).
+    pub ramp_ms: u64,
 }
 
 impl SimPlan {
@@ -224,6 +227,7 @@ impl SimPlan {
             ("ceiling-ms", args.ceiling_ms, CEILING_MS_MAX),
             ("latency-ms", args.latency_ms, HIBERNATE_MS_MAX),
             ("tool-ms", args.tool_ms, HIBERNATE_MS_MAX),
+            ("ramp-ms", args.ramp_ms, HIBERNATE_MS_MAX),
         ] {
             if value_ms > value_ms_max {
                 return Err(SimError::Duration {
@@ -249,6 +253,7 @@ impl SimPlan {
             ceiling_ms: args.ceiling_ms,
             keep_store: args.keep_store,
             observe_agents: args.observe_agents.min(args.agents),
+            ramp_ms: args.ramp_ms,
         })
     }
 
@@ -335,6 +340,10 @@ pub struct SimReport {
     /// Where the sqlite store is, when `--keep-store` kept it.
     pub store_dir: Option<PathBuf>,
     pub store_ceiling: Option<CeilingReport>,
+    /// Appends the runtime made during the run (each one batch of one agent's events).
+    pub store_appends: u64,
+    /// Commit groups (one fsync each) the sqlite store made during the run.
+    pub store_groups: Option<u64>,
     /// `events_per_sec` / `store_ceiling.events_per_sec`.
     pub store_ceiling_ratio: Option<f64>,
     pub agents_created_per_sec: f64,
@@ -421,6 +430,15 @@ impl SimReport {
             )?,
             _ => writeln!(out)?,
         }
+        writeln!(
+            out,
+            "  store appends   {:>10}{}",
+            self.store_appends,
+            self.store_groups.map_or_else(String::new, |g| format!(
+                " in {g} commit groups ({:.1} appends/group)",
+                self.store_appends as f64 / g.max(1) as f64
+            ))
+        )?;
         writeln!(
             out,
             "  agents created  {:>10.0} /s",
@@ -538,6 +556,14 @@ impl SimStore {
         match self {
             SimStore::Sqlite(s) => Arc::clone(s) as Arc<dyn SessionStore>,
             SimStore::Memory(s) => Arc::clone(s) as Arc<dyn SessionStore>,
+        }
+    }
+
+    /// Commit groups (fsyncs) so far; `None` for the memory store, which has none.
+    fn n_groups(&self) -> Option<u64> {
+        match self {
+            SimStore::Sqlite(s) => Some(s.stats().n_groups),
+            SimStore::Memory(_) => None,
         }
     }
 
@@ -666,6 +692,10 @@ async fn drive(
         ack_ns: Vec::with_capacity(plan.turns_per_agent),
         ..DriverTally::default()
     };
+    if plan.ramp_ms > 0 {
+        let delay_ms = rng.next_u64() % plan.ramp_ms;
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+    }
     for turn_idx in 0..plan.turns_per_agent {
         let prompt = Message::user_text(
             MessageId::mint(),
@@ -1086,6 +1116,7 @@ async fn run_agents(
 
     progress.phase("turns");
     let appends_before = store.n_appends();
+    let groups_before = store.n_groups();
     let turns_before = host.metrics().turns();
     let events_before = host.metrics().events();
     let metrics_mirror = Arc::clone(&progress.metrics_events);
@@ -1136,6 +1167,10 @@ async fn run_agents(
     let turns = host.metrics().turns() - turns_before;
     let events = host.metrics().events() - events_before;
     let appends = store.n_appends().saturating_sub(appends_before);
+    let store_groups = store
+        .n_groups()
+        .zip(groups_before)
+        .map(|(after, before)| after.saturating_sub(before));
     stop_observing.cancel();
     let observed = tokio::task::spawn_blocking(move || observer.join())
         .await
@@ -1202,6 +1237,8 @@ async fn run_agents(
         events_per_sec,
         store: plan.store,
         store_dir: None,
+        store_appends: appends,
+        store_groups,
         store_ceiling_ratio: store_ceiling
             .as_ref()
             .filter(|c| c.events_per_sec > 0.0)
