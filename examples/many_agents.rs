@@ -27,14 +27,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
     let mut agents = Vec::with_capacity(n);
     for _ in 0..n {
-        agents.push(host.create(AgentSpec::new(AgentConfig::new("sim", "sim-1"))).await?);
+        agents.push(
+            host.create(AgentSpec::new(AgentConfig::new("sim", "sim-1")))
+                .await?,
+        );
     }
     let created = started.elapsed();
 
     let started = Instant::now();
-    let sends = agents.iter().map(|a| {
-        a.followup(Message::user_text(MessageId::mint(), "Say something."))
-    });
+    let sends = agents
+        .iter()
+        .map(|a| a.followup(Message::user_text(MessageId::mint(), "Say something.")));
     for r in futures::future::join_all(sends).await {
         r?;
     }

@@ -831,6 +831,8 @@ impl Actor for AgentActor {
             AgentMsg::TurnStoppingDone { ticket, result } => {
                 state.core.on_turn_stopping(ticket, result, now);
             }
+            #[cfg(feature = "fault-injection")]
+            AgentMsg::Panic => panic!("agent {}: injected fault", state.id()),
             AgentMsg::HibernateCheck { .. } => {
                 state.hibernate_armed = false;
                 let after = self.runtime.config.hibernate_after.unwrap_or(Duration::MAX);
