@@ -190,7 +190,7 @@ async fn run_case(ops: Vec<Op>, seed: u64) {
         reply_tokens_max: 6,
         tool_call_probability: 0.5,
         max_tool_steps: 2,
-        reasoning: seed % 2 == 0,
+        reasoning: seed.is_multiple_of(2),
     };
     providers.register(Arc::new(SimProvider::new(sim).expect("valid sim config")));
     let mut tools = ToolRegistry::new();
