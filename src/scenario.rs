@@ -763,7 +763,7 @@ impl Scenario {
         };
         match_log(expect, self.expect_mode, events).map_err(|mut m| {
             m.scenario.clone_from(&self.name);
-            ScenarioError::Mismatch(Box::new(m))
+            ScenarioError::Mismatch(m)
         })
     }
 }
@@ -1221,8 +1221,10 @@ pub fn event_json(event: &Event) -> Value {
 }
 
 /// Whether `actual` holds `expected`: objects by key (an expected `null` also matches an absent key),
-/// arrays element by element with equal lengths, everything else by equality. `Err` names the first
-/// difference by its path under `path`.
+/// arrays element by element with equal lengths, everything else by equality.
+///
+/// # Errors
+/// The first difference, named by its path under `path` (`data.reason.kind: expected ..., got ...`).
 pub fn subset_match(expected: &Value, actual: Option<&Value>, path: &str) -> Result<(), String> {
     match (expected, actual) {
         (Value::Null, None | Some(Value::Null)) => Ok(()),
@@ -1289,21 +1291,21 @@ pub fn match_log(
     expect: &[Expectation],
     mode: ExpectMode,
     events: &[Event],
-) -> Result<(), Mismatch> {
+) -> Result<(), Box<Mismatch>> {
     let json: Vec<Value> = events.iter().map(event_json).collect();
     let mismatch = |expect_idx: usize,
                     event_idx: Option<usize>,
                     expected: Value,
                     detail: String|
-     -> Mismatch {
-        Mismatch {
+     -> Box<Mismatch> {
+        Box::new(Mismatch {
             scenario: String::new(),
             expect_idx,
             event_idx,
             expected,
             actual: event_idx.and_then(|i| json.get(i).cloned()),
             detail,
-        }
+        })
     };
     match mode {
         ExpectMode::Whole => {
@@ -1415,7 +1417,8 @@ mod tests {
             m.actual,
             Some(json!({"type": "turn/start", "seq": 1, "time": 0, "data": {"turn": 2}}))
         );
-        let m = match_log(&[e1.clone()], ExpectMode::Whole, &events).expect_err("surplus");
+        let m =
+            match_log(std::slice::from_ref(&e1), ExpectMode::Whole, &events).expect_err("surplus");
         assert_eq!((m.expect_idx, m.event_idx), (1, Some(1)));
         assert_eq!(match_log(&[e1], ExpectMode::Subsequence, &events), Ok(()));
     }

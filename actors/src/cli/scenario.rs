@@ -401,10 +401,12 @@ impl Tool for ScenarioTool {
             }
         }
         if b.panic {
-            panic!(
+            // A real unwind the pool must contain, without the panic hook's report on stderr: the
+            // panic is scripted, not a bug.
+            std::panic::resume_unwind(Box::new(format!(
                 "scenario tool {} panics on call {} as scripted",
                 self.name, call.call_id
-            );
+            )));
         }
         let mut out = match &b.error {
             Some((message, info)) => ToolOutput::error(message, info.clone()),
