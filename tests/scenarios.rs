@@ -3,8 +3,8 @@
 //!
 //! Each corpus log must also satisfy the session invariants (`session::invariant::check`) and be
 //! balanced: a scenario is a claim about behaviour, and no behaviour may leave an invalid log.
-//! Files under `tests/scenarios/pending/` are known disagreements with the reference, reported
-//! rather than run.
+//! Only `*.json` directly in `tests/scenarios/` runs: a scenario that shows a disagreement with the
+//! reference not yet fixed would wait in `tests/scenarios/pending/` with a note (none does today).
 
 use std::path::{Path, PathBuf};
 

@@ -284,12 +284,25 @@ impl World {
                 self.gates.open(gate);
                 Ok(())
             }
-            Action::WaitFor { kind, count } => loop {
-                if self.count_durable(kind).await? >= *count {
-                    return Ok(());
+            Action::WaitFor { kind, count } => {
+                // First the store must hold the events; then the agent must have been told they are
+                // durable, because what it does next depends on that (a tool body starts only after
+                // its tool/call is durable). Without the second wait, a cancel right after
+                // `wait_for tool/call` could find the call not yet dispatched.
+                let seq = loop {
+                    if let Some(seq) = self.nth_durable_seq(kind, *count).await? {
+                        break seq;
+                    }
+                    tokio::time::sleep(POLL_INTERVAL).await;
+                };
+                loop {
+                    let status = self.agent.status().await.map_err(e2s)?;
+                    if status.durable_seq > seq {
+                        return Ok(());
+                    }
+                    tokio::time::sleep(POLL_INTERVAL).await;
                 }
-                tokio::time::sleep(POLL_INTERVAL).await;
-            },
+            }
             Action::WaitIdle => self.agent.when_idle().await.map_err(e2s),
             Action::Restart => self
                 .host
@@ -298,6 +311,21 @@ impl World {
                 .map(drop)
                 .map_err(|e| e.to_string()),
         }
+    }
+
+    /// The seq of the `count`-th durable event of `kind`, if the store holds that many.
+    async fn nth_durable_seq(&self, kind: &str, count: usize) -> Result<Option<u64>, String> {
+        let inspection = self
+            .store
+            .inspect(self.agent.id())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(inspection
+            .events
+            .iter()
+            .filter(|e| e.kind() == kind)
+            .nth(count.saturating_sub(1))
+            .map(|e| e.seq))
     }
 
     /// How many durable events of `kind` the store holds (read without repairing anything).
