@@ -760,3 +760,43 @@ async fn the_command_fails_on_a_mismatch_and_on_an_invalid_file_and_passes_a_goo
     let err = run_files(false, &[broken]).await.expect_err("invalid");
     assert!(err.to_string().contains("unknown field `extra`"), "{err}");
 }
+
+#[test]
+fn the_spec_example_parses_as_written() {
+    // SPEC 9's example, verbatim: the format is an interface, so its own example must stay valid.
+    let example = r#"{
+      "name": "steer during streaming joins the next step",
+      "agent": {"max_parallel_tool_calls": 10, "max_tokens": null},
+      "tools": [{"name": "read", "mode": "parallel"}, {"name": "write", "mode": "exclusive"}],
+      "model": [
+        {"text": "Hello", "gate": "g1", "gate_after_chunks": 2},
+        {"tool_calls": [{"id": "c1", "name": "read", "arguments": "{\"path\":\"a\"}"}]},
+        {"error": {"code": "RATE_LIMIT", "message": "slow down", "status": 429}},
+        {"max_tokens": "trunc"},
+        {"hang": "partial"}
+      ],
+      "tool_behaviour": {"c1": {"result": "file a", "delay_ms": 5, "gate": "g2", "error": null,
+                                "panic": false, "additional_contexts": [], "concludes_turn": false}},
+      "hooks": {"pre_step": [{"turn": 1, "step": 1, "decision": "reject"}],
+                "turn_stopping": [{"turn": 1, "steer": "one more"}],
+                "request_error": {"retries": 2}},
+      "actions": [
+        {"followup": "hi", "id": "m1"},
+        {"wait_for": {"type": "assistant/chunk", "count": 2}},
+        {"steer": "also this"},
+        {"open": "g1"},
+        {"cancel": {"cause": "user", "keep_inbox": false}},
+        {"inject": "context"},
+        {"remove": "m1"},
+        {"wait_idle": true},
+        {"restart": true}
+      ],
+      "expect": [{"type": "turn/start", "data": {"turn": 1}}, {"type": "agent/inbox/spliced"}]
+    }"#;
+    let s = Scenario::parse(example).expect("the SPEC example is valid");
+    assert_eq!(s.model.len(), 5);
+    assert_eq!(s.actions.len(), 9);
+    assert_eq!(s.expect_mode, ExpectMode::Whole);
+    assert_eq!(s.hooks.pre_step.len(), 1);
+    assert!(s.hooks.request_error.is_some());
+}
