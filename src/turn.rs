@@ -1677,7 +1677,13 @@ impl AgentCore {
     fn start_next_tool(&mut self, now: i64) -> bool {
         let tools = self.tools.clone();
         let batch = self.current_batch();
-        if batch.pre_executing.is_some() || batch.checkpoint.is_some() {
+        // A result still in post-execute is part of the ready prefix: the pool refills only after
+        // that prefix committed (agent-loop.md 8.3, `commitReady` then `fillPool`), so a new
+        // `tool/call` never overtakes a result that was ready before it.
+        if batch.pre_executing.is_some()
+            || batch.checkpoint.is_some()
+            || batch.post_executing.is_some()
+        {
             return false;
         }
         let Some(idx) = batch

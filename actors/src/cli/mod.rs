@@ -6,6 +6,7 @@
 //! printed as one line (`dsh: <message>`) and exits 1, unless the subcommand chose another code.
 
 pub mod config;
+pub mod scenario;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -215,6 +216,9 @@ pub fn main(cli: Cli) -> ExitCode {
 async fn dispatch(command: Command, config: Config) -> Result<ExitCode, CliError> {
     let _ = &config;
     match command {
+        Command::Scenario(ScenarioArgs {
+            command: ScenarioCommand::Run { check, files },
+        }) => scenario::run_files(check, &files).await,
         Command::Sim(_)
         | Command::Chat(_)
         | Command::Run(_)
@@ -222,7 +226,6 @@ async fn dispatch(command: Command, config: Config) -> Result<ExitCode, CliError
         | Command::Show(_)
         | Command::Check(_)
         | Command::Export(_)
-        | Command::Import(_)
-        | Command::Scenario(_) => Err(CliError::Usage("this subcommand is not built yet".into())),
+        | Command::Import(_) => Err(CliError::Usage("this subcommand is not built yet".into())),
     }
 }
