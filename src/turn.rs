@@ -194,6 +194,7 @@ pub enum Effect {
     RunTurnStopping {
         ticket: u64,
         turn: u64,
+        step: u64,
     },
     /// A turn ended with this reason (for reports and `dsh run` exit codes).
     TurnEnded {
@@ -1884,7 +1885,8 @@ impl AgentCore {
         if stopping && self.inbox.next_step().is_empty() {
             let ticket = self.ticket();
             self.run_mut().stage = Stage::TurnStopping { ticket };
-            self.effects.push(Effect::RunTurnStopping { ticket, turn });
+            self.effects
+                .push(Effect::RunTurnStopping { ticket, turn, step });
             return;
         }
         self.run_mut().target = InboxTarget::NextStep;

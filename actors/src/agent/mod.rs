@@ -460,14 +460,14 @@ impl AgentActor {
                     );
                 }
             }
-            Effect::RunTurnStopping { ticket, turn } => {
+            Effect::RunTurnStopping { ticket, turn, step } => {
                 if self.hooks.turn_stopping.is_empty() {
                     state
                         .core
                         .on_turn_stopping(ticket, Ok(TurnStoppingAction::default()), now);
                 } else {
                     let hooks = self.hooks.turn_stopping.clone();
-                    let ctx = self.hook_ctx(state, turn, state.core.last_turn());
+                    let ctx = self.hook_ctx(state, turn, step);
                     spawn_hook(
                         &state.myself,
                         async move {
