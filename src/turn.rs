@@ -318,6 +318,9 @@ struct Attempt {
     assembler: BlockAssembler,
     /// Seqs of this attempt's `assistant/chunk` events.
     chunk_seqs: Vec<u64>,
+    /// Bytes of text, reasoning and arguments received. Invariant: at most
+    /// `Limits::assistant_bytes_max` are accepted; past it the attempt fails.
+    n_bytes: usize,
     finished: bool,
 }
 
@@ -947,6 +950,34 @@ impl AgentCore {
         if attempt.ticket != ticket || attempt.finished {
             return;
         }
+        attempt.n_bytes += match &chunk {
+            StreamChunk::TextDelta { text, .. } | StreamChunk::ReasoningDelta { text, .. } => {
+                text.len()
+            }
+            StreamChunk::ToolCallDelta {
+                arguments_delta, ..
+            } => arguments_delta.len(),
+            _ => 0,
+        };
+        let bytes_max = self.config.limits.assistant_bytes_max;
+        let chunk = if attempt.n_bytes > bytes_max && !chunk.is_finish() {
+            // Cut the stream: the assembled message must fit in one event record.
+            self.effects.push(Effect::CancelStream { ticket });
+            StreamChunk::finish(FinishReason::Error {
+                failure: LlmFailure::new(
+                    codes::MALFORMED_RESPONSE,
+                    format!("the response exceeded {bytes_max} bytes"),
+                ),
+            })
+        } else {
+            chunk
+        };
+        let Phase::Running(run) = &mut self.phase else {
+            return;
+        };
+        let Stage::Streaming(attempt) = &mut run.stage else {
+            return;
+        };
         let is_finish = chunk.is_finish();
         attempt.assembler.push(&chunk);
         let (turn, step) = (run.turn, run.step);
@@ -1496,6 +1527,7 @@ impl AgentCore {
             model: request.config.model.clone(),
             assembler: BlockAssembler::new(),
             chunk_seqs: Vec::new(),
+            n_bytes: 0,
             finished: false,
         }));
         self.effects.push(Effect::StartStream {
