@@ -486,6 +486,11 @@ impl AgentCore {
         }
     }
 
+    /// The last entered step of the running turn (0 when idle or before the first step).
+    pub fn current_step(&self) -> u64 {
+        self.running().map_or(0, |run| run.step)
+    }
+
     /// The seq the next event will get.
     pub fn next_seq(&self) -> u64 {
         match &self.log {

@@ -66,7 +66,15 @@ impl Actor for LlmStreamActor {
                 let _ = agent.cast(AgentMsg::Chunk { ticket, chunk });
             }
             Some(provider) => {
+                let span = tracing::debug_span!(
+                    "llm_stream",
+                    agent = ?request.session_id,
+                    provider = %provider_name,
+                    ticket
+                );
+                let _entered = span.enter();
                 let mut stream = provider.stream(request, cancel.clone());
+                drop(_entered);
                 loop {
                     tokio::select! {
                         biased;

@@ -36,7 +36,7 @@ use dsh::turn::{AgentCore, Effect, LiveEvent, ProviderFacts};
 use futures::FutureExt;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, warn};
 
 use crate::host::Runtime;
 use crate::llm_stream::{LlmStreamActor, LlmStreamArgs};
@@ -931,7 +931,13 @@ impl Actor for AgentActor {
     ) -> Result<(), ActorProcessingErr> {
         // Boxed so the actor's task holds a pointer instead of the largest handler state machine:
         // an idle (hibernated) agent then costs only its mailbox and state.
-        Box::pin(self.handle_msg(myself, msg, state)).await
+        let span = tracing::debug_span!(
+            "agent",
+            agent = %state.core.id(),
+            turn = state.core.last_turn(),
+            step = state.core.current_step()
+        );
+        Box::pin(self.handle_msg(myself, msg, state).instrument(span)).await
     }
 
     async fn handle_supervisor_evt(
@@ -940,7 +946,8 @@ impl Actor for AgentActor {
         event: SupervisionEvent,
         state: &mut AgentState,
     ) -> Result<(), ActorProcessingErr> {
-        Box::pin(self.on_supervision(myself, event, state)).await
+        let span = tracing::debug_span!("agent", agent = %state.core.id());
+        Box::pin(self.on_supervision(myself, event, state).instrument(span)).await
     }
 
     async fn post_stop(
