@@ -13,6 +13,7 @@ use dsh::llm::types::{FinishReason, LlmFailure, LlmRequest, StreamChunk, codes};
 use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::agent::msg::AgentMsg;
 
@@ -72,23 +73,26 @@ impl Actor for LlmStreamActor {
                     provider = %provider_name,
                     ticket
                 );
-                let _entered = span.enter();
-                let mut stream = provider.stream(request, cancel.clone());
-                drop(_entered);
-                loop {
-                    tokio::select! {
-                        biased;
-                        () = cancel.cancelled() => break,
-                        next = stream.next() => match next {
-                            Some(chunk) => {
-                                if agent.cast(AgentMsg::Chunk { ticket, chunk }).is_err() {
-                                    break;
+                let agent = agent.clone();
+                async move {
+                    let mut stream = provider.stream(request, cancel.clone());
+                    loop {
+                        tokio::select! {
+                            biased;
+                            () = cancel.cancelled() => break,
+                            next = stream.next() => match next {
+                                Some(chunk) => {
+                                    if agent.cast(AgentMsg::Chunk { ticket, chunk }).is_err() {
+                                        break;
+                                    }
                                 }
-                            }
-                            None => break,
-                        },
+                                None => break,
+                            },
+                        }
                     }
                 }
+                .instrument(span)
+                .await;
             }
         }
         let _ = agent.cast(AgentMsg::StreamEnded { ticket });
