@@ -32,13 +32,14 @@ use crate::{Observation, Observed};
 /// Lines read ahead of the conversation at most (typing faster than this just waits).
 const LINES_BUFFERED_MAX: usize = 64;
 
-const HELP: &str = "\
-  TEXT          send a message (while the model works: steer the running turn)
-  /queue TEXT   queue TEXT as its own turn, after the current one
-  /cancel       cancel the running turn (same as Ctrl-C)
-  /open GATE    open a gate of the scripted model (--script only)
-  /help         this list
-  /quit         leave (also Ctrl-D, or Ctrl-C at the prompt)";
+const HELP: &str = concat!(
+    "  TEXT          send a message (while the model works: steer the running turn)\n",
+    "  /queue TEXT   queue TEXT as its own turn, after the current one\n",
+    "  /cancel       cancel the running turn (same as Ctrl-C)\n",
+    "  /open GATE    open a gate of the scripted model (--script only)\n",
+    "  /help         this list\n",
+    "  /quit         leave (also Ctrl-D, or Ctrl-C at the prompt)",
+);
 
 /// Reads stdin line by line on a thread of its own; `None` after end of input.
 fn stdin_lines() -> mpsc::Receiver<io::Result<String>> {
@@ -66,8 +67,6 @@ struct Screen {
     style: Style,
     live: render::Live,
     out: io::Stdout,
-    /// Whether the prompt is the last thing printed (the cursor is after it).
-    prompted: bool,
 }
 
 impl Screen {
@@ -76,21 +75,17 @@ impl Screen {
         let _ = self.live.newline(&mut out);
         let _ = write!(out, "{}", self.style.bold("> "));
         let _ = out.flush();
-        self.prompted = true;
+        self.live.mid_line();
     }
 
     /// Leaves the cursor at the start of a fresh line before the command exits.
     fn finish(&mut self) {
         let mut out = self.out.lock();
         let _ = self.live.newline(&mut out);
-        if std::mem::take(&mut self.prompted) {
-            let _ = out.write_all(b"\n");
-        }
         let _ = out.flush();
     }
 
     fn note(&mut self, text: &str) {
-        self.prompted = false;
         let mut out = self.out.lock();
         let _ = self.live.newline(&mut out);
         let _ = writeln!(out, "{}", self.style.dim(text));
@@ -98,7 +93,6 @@ impl Screen {
     }
 
     fn event(&mut self, event: &dsh::session::Event) {
-        self.prompted = false;
         let mut out = self.out.lock();
         let _ = self.live.event(event, &mut out);
         let _ = out.flush();
@@ -107,7 +101,10 @@ impl Screen {
 
 /// What the loop should do after a line.
 enum Next {
+    /// Nothing was sent to the agent.
     Continue,
+    /// Input was sent: the agent works (again).
+    Sent,
     Quit,
 }
 
@@ -142,7 +139,6 @@ pub async fn run(args: ChatArgs, config: Config) -> Result<ExitCode, CliError> {
         style,
         live: render::Live::new(style),
         out: io::stdout(),
-        prompted: false,
     };
     let result = converse(&agent, &mut screen, &mut sigint).await;
     screen.finish();
@@ -167,8 +163,8 @@ async fn converse(
     );
     let mut sub = agent.handle.subscribe();
     let mut lines = stdin_lines();
-    let mut working = false;
-    let mut reported_idle = false;
+    let stdin_is_terminal = std::io::IsTerminal::is_terminal(&io::stdin());
+    let mut turn = Progress::default();
     let mut eof = false;
     screen.prompt();
     loop {
@@ -176,21 +172,21 @@ async fn converse(
             line = lines.recv(), if !eof => match line {
                 None => {
                     eof = true;
-                    if !working {
+                    if !turn.working {
                         return Ok(());
                     }
                 }
                 Some(Err(e)) => screen.note(&format!("[cannot read input: {e}]")),
                 Some(Ok(line)) => {
-                    match on_line(agent, screen, &line, &mut working).await? {
+                    if stdin_is_terminal {
+                        // The terminal echoed the line and its newline.
+                        screen.live.at_line_start();
+                    }
+                    match on_line(agent, screen, &line, turn.working).await? {
                         Next::Quit => return Ok(()),
-                        Next::Continue => {
-                            if !working {
-                                screen.prompt();
-                            } else {
-                                reported_idle = false;
-                            }
-                        }
+                        Next::Sent => turn.started(),
+                        Next::Continue if turn.working => {}
+                        Next::Continue => screen.prompt(),
                     }
                 }
             },
@@ -203,11 +199,12 @@ async fn converse(
                     }
                     Some(Observation::Item(Observed::Event { event, .. })) => {
                         screen.event(&event);
-                        reported_idle || matches!(event.data, EventData::TurnEnd(_))
+                        turn.last_seq = Some(event.seq);
+                        turn.reported_idle || matches!(event.data, EventData::TurnEnd(_))
                     }
                     Some(Observation::Item(Observed::Live { event: LiveEvent::Status(s), .. })) => {
-                        reported_idle = s == Status::Idle;
-                        reported_idle
+                        turn.reported_idle = s == Status::Idle;
+                        turn.reported_idle
                     }
                     Some(Observation::Item(Observed::Live { .. })) => false,
                     Some(Observation::Item(Observed::Failed { reason, .. })) => {
@@ -218,24 +215,27 @@ async fn converse(
                         true
                     }
                 };
-                if working && check {
-                    let idle = agent
+                if turn.working && check && turn.idle_through.is_none() {
+                    let status = agent
                         .handle
                         .status()
                         .await
-                        .map_err(|e| CliError::Failed(e.to_string()))?
-                        .idle;
-                    if idle {
-                        working = false;
-                        if eof {
-                            return Ok(());
-                        }
-                        screen.prompt();
+                        .map_err(|e| CliError::Failed(e.to_string()))?;
+                    if status.idle {
+                        turn.idle_through = Some(status.next_seq);
                     }
+                }
+                if turn.is_done() {
+                    turn.working = false;
+                    turn.idle_through = None;
+                    if eof {
+                        return Ok(());
+                    }
+                    screen.prompt();
                 }
             },
             _ = sigint.recv() => {
-                if working {
+                if turn.working {
                     agent
                         .handle
                         .cancel(CancelCause::User, false)
@@ -249,11 +249,44 @@ async fn converse(
     }
 }
 
+/// Whether the agent is working on what this command sent, and how far its output was shown.
+///
+/// The agent reports `idle` (live, and in `status()`) as soon as its last event is durable, which
+/// can be before this subscriber has rendered that event: the prompt waits until the event just
+/// before `status().next_seq` has been shown.
+#[derive(Debug, Default)]
+struct Progress {
+    /// Input was sent and the agent has not yet been seen idle with all of its output shown.
+    working: bool,
+    /// The last live status said idle.
+    reported_idle: bool,
+    /// `status()` found the agent idle with this `next_seq`.
+    idle_through: Option<u64>,
+    /// The highest seq rendered.
+    last_seq: Option<u64>,
+}
+
+impl Progress {
+    /// New input was sent: the agent works, and whatever idleness was seen before is stale.
+    fn started(&mut self) {
+        self.working = true;
+        self.reported_idle = false;
+        self.idle_through = None;
+    }
+
+    fn is_done(&self) -> bool {
+        match (self.working, self.idle_through) {
+            (true, Some(next_seq)) => self.last_seq.map_or(next_seq == 0, |s| s + 1 >= next_seq),
+            _ => false,
+        }
+    }
+}
+
 async fn on_line(
     agent: &LiveAgent,
     screen: &mut Screen,
     line: &str,
-    working: &mut bool,
+    working: bool,
 ) -> Result<Next, CliError> {
     let text = line.trim();
     if text.is_empty() {
@@ -270,7 +303,7 @@ async fn on_line(
         "/quit" | "/exit" => return Ok(Next::Quit),
         "/help" => screen.note(HELP),
         "/cancel" => {
-            if *working {
+            if working {
                 agent
                     .handle
                     .cancel(CancelCause::User, false)
@@ -296,7 +329,7 @@ async fn on_line(
                 match agent.handle.followup(msg).await {
                     Ok(()) => {
                         screen.note("(queued as its own turn)");
-                        *working = true;
+                        return Ok(Next::Sent);
                     }
                     Err(e) => refused(screen, e),
                 }
@@ -307,16 +340,16 @@ async fn on_line(
         }
         _ => {
             let msg = Message::user_text(MessageId::mint(), text);
-            if *working {
-                match agent.handle.steer(msg).await {
-                    Ok(()) => screen.note("(steer: joins the running turn at its next step)"),
-                    Err(e) => refused(screen, e),
-                }
+            let sent = if working {
+                agent.handle.steer(msg).await.map(|()| {
+                    screen.note("(steer: joins the running turn at its next step)");
+                })
             } else {
-                match agent.handle.followup(msg).await {
-                    Ok(()) => *working = true,
-                    Err(e) => refused(screen, e),
-                }
+                agent.handle.followup(msg).await
+            };
+            match sent {
+                Ok(()) => return Ok(Next::Sent),
+                Err(e) => refused(screen, e),
             }
         }
     }

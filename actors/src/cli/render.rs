@@ -216,6 +216,16 @@ impl Live {
         }
     }
 
+    /// The cursor is at the start of a line (the terminal echoed the user's line and its newline).
+    pub fn at_line_start(&mut self) {
+        self.at_line_start = true;
+    }
+
+    /// Something without a newline (the prompt) was printed outside the renderer.
+    pub fn mid_line(&mut self) {
+        self.at_line_start = false;
+    }
+
     /// Ends the current line if something is on it.
     pub fn newline(&mut self, out: &mut impl Write) -> io::Result<()> {
         self.end_reasoning(out)?;
