@@ -46,8 +46,7 @@ pub async fn run(args: CheckArgs, config: Config) -> Result<ExitCode, CliError> 
         lines.push(format!("converted: {c}"));
     }
     for line in lines {
-        writeln!(out, "{line}")
-            .map_err(|e| CliError::Failed(format!("writing the report: {e}")))?;
+        writeln!(out, "{line}").map_err(|e| CliError::output("writing the report", e))?;
     }
     Ok(ExitCode::SUCCESS)
 }

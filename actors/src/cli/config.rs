@@ -40,6 +40,9 @@ pub enum CliError {
     Config { path: PathBuf, reason: String },
     #[error("{0}")]
     Failed(String),
+    /// The reader of stdout went away (`dsh show ID | head`): not a failure, nothing to print.
+    #[error("the output was closed")]
+    OutputClosed,
 }
 
 impl CliError {
@@ -47,6 +50,16 @@ impl CliError {
         match self {
             CliError::Usage(_) | CliError::Config { .. } => ExitCode::from(64),
             CliError::Failed(_) => ExitCode::FAILURE,
+            CliError::OutputClosed => ExitCode::SUCCESS,
+        }
+    }
+
+    /// A failure to write the command's output: `OutputClosed` for a closed pipe, else `Failed`.
+    pub fn output(what: &str, e: std::io::Error) -> CliError {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            CliError::OutputClosed
+        } else {
+            CliError::Failed(format!("{what}: {e}"))
         }
     }
 }

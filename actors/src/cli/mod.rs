@@ -232,6 +232,7 @@ pub fn main(cli: Cli) -> ExitCode {
     });
     match result {
         Ok(code) => code,
+        Err(CliError::OutputClosed) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("dsh: {e}");
             e.exit_code()

@@ -29,7 +29,7 @@ pub async fn run(args: SessionsArgs, config: Config) -> Result<ExitCode, CliErro
     close(store).await?;
     let rows = rows?;
     let mut out = std::io::stdout().lock();
-    let write_err = |e: std::io::Error| CliError::Failed(format!("writing the list: {e}"));
+    let write_err = |e: std::io::Error| CliError::output("writing the list", e);
     if args.json {
         for r in &rows {
             let line = json!({

@@ -15,7 +15,7 @@ use crate::cli::{CliError, Config, ShowArgs};
 /// `CliError::Failed` when the target is not a readable session.
 pub async fn run(args: ShowArgs, config: Config) -> Result<ExitCode, CliError> {
     let inspected = inspect_target(&config, &args.target).await?;
-    let write_err = |e: std::io::Error| CliError::Failed(format!("writing the transcript: {e}"));
+    let write_err = |e: std::io::Error| CliError::output("writing the transcript", e);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     if args.raw {

@@ -40,7 +40,7 @@ pub async fn export_cmd(args: ExportArgs, config: Config) -> Result<ExitCode, Cl
         None => {
             let stdout = std::io::stdout();
             export(&inspected.header, &inspected.events, &mut stdout.lock())
-                .map_err(|e| CliError::Failed(format!("writing the export: {e}")))?;
+                .map_err(|e| CliError::output("writing the export", e))?;
         }
         Some(path) => write_atomically(path, |file| {
             export(&inspected.header, &inspected.events, file)
@@ -111,7 +111,13 @@ pub async fn import_cmd(args: ImportArgs, config: Config) -> Result<ExitCode, Cl
             t.line, t.reason
         );
     }
-    println!("imported session {id} ({} events)", imported.events.len());
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "imported session {id} ({} events)",
+        imported.events.len()
+    )
+    .map_err(|e| CliError::output("writing the report", e))?;
     Ok(ExitCode::SUCCESS)
 }
 
