@@ -194,6 +194,7 @@ pub enum Effect {
     RunTurnStopping {
         ticket: u64,
         turn: u64,
+        step: u64,
     },
     /// A turn ended with this reason (for reports and `dsh run` exit codes).
     TurnEnded {
@@ -317,6 +318,9 @@ struct Attempt {
     assembler: BlockAssembler,
     /// Seqs of this attempt's `assistant/chunk` events.
     chunk_seqs: Vec<u64>,
+    /// Bytes of text, reasoning and arguments received. Invariant: at most
+    /// `Limits::assistant_bytes_max` are accepted; past it the attempt fails.
+    n_bytes: usize,
     finished: bool,
 }
 
@@ -946,6 +950,34 @@ impl AgentCore {
         if attempt.ticket != ticket || attempt.finished {
             return;
         }
+        attempt.n_bytes += match &chunk {
+            StreamChunk::TextDelta { text, .. } | StreamChunk::ReasoningDelta { text, .. } => {
+                text.len()
+            }
+            StreamChunk::ToolCallDelta {
+                arguments_delta, ..
+            } => arguments_delta.len(),
+            _ => 0,
+        };
+        let bytes_max = self.config.limits.assistant_bytes_max;
+        let chunk = if attempt.n_bytes > bytes_max && !chunk.is_finish() {
+            // Cut the stream: the assembled message must fit in one event record.
+            self.effects.push(Effect::CancelStream { ticket });
+            StreamChunk::finish(FinishReason::Error {
+                failure: LlmFailure::new(
+                    codes::MALFORMED_RESPONSE,
+                    format!("the response exceeded {bytes_max} bytes"),
+                ),
+            })
+        } else {
+            chunk
+        };
+        let Phase::Running(run) = &mut self.phase else {
+            return;
+        };
+        let Stage::Streaming(attempt) = &mut run.stage else {
+            return;
+        };
         let is_finish = chunk.is_finish();
         attempt.assembler.push(&chunk);
         let (turn, step) = (run.turn, run.step);
@@ -1495,6 +1527,7 @@ impl AgentCore {
             model: request.config.model.clone(),
             assembler: BlockAssembler::new(),
             chunk_seqs: Vec::new(),
+            n_bytes: 0,
             finished: false,
         }));
         self.effects.push(Effect::StartStream {
@@ -1677,7 +1710,13 @@ impl AgentCore {
     fn start_next_tool(&mut self, now: i64) -> bool {
         let tools = self.tools.clone();
         let batch = self.current_batch();
-        if batch.pre_executing.is_some() || batch.checkpoint.is_some() {
+        // A result still in post-execute is part of the ready prefix: the pool refills only after
+        // that prefix committed (agent-loop.md 8.3, `commitReady` then `fillPool`), so a new
+        // `tool/call` never overtakes a result that was ready before it.
+        if batch.pre_executing.is_some()
+            || batch.checkpoint.is_some()
+            || batch.post_executing.is_some()
+        {
             return false;
         }
         let Some(idx) = batch
@@ -1878,7 +1917,8 @@ impl AgentCore {
         if stopping && self.inbox.next_step().is_empty() {
             let ticket = self.ticket();
             self.run_mut().stage = Stage::TurnStopping { ticket };
-            self.effects.push(Effect::RunTurnStopping { ticket, turn });
+            self.effects
+                .push(Effect::RunTurnStopping { ticket, turn, step });
             return;
         }
         self.run_mut().target = InboxTarget::NextStep;

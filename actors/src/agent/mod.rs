@@ -460,14 +460,14 @@ impl AgentActor {
                     );
                 }
             }
-            Effect::RunTurnStopping { ticket, turn } => {
+            Effect::RunTurnStopping { ticket, turn, step } => {
                 if self.hooks.turn_stopping.is_empty() {
                     state
                         .core
                         .on_turn_stopping(ticket, Ok(TurnStoppingAction::default()), now);
                 } else {
                     let hooks = self.hooks.turn_stopping.clone();
-                    let ctx = self.hook_ctx(state, turn, state.core.last_turn());
+                    let ctx = self.hook_ctx(state, turn, step);
                     spawn_hook(
                         &state.myself,
                         async move {
@@ -648,42 +648,27 @@ impl AgentActor {
     }
 }
 
-impl Actor for AgentActor {
-    type Msg = AgentMsg;
-    type State = AgentState;
-    type Arguments = AgentArgs;
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<AgentMsg>,
-        args: AgentArgs,
-    ) -> Result<AgentState, ActorProcessingErr> {
-        Ok(AgentState {
-            core: args.core,
-            myself,
-            writer: None,
-            pool: None,
-            stream: None,
-            token: CancellationToken::new(),
-            timer: None,
-            acks: VecDeque::new(),
-            idle_waiters: Vec::new(),
-            publishing: VecDeque::new(),
-            failed: None,
-            last_activity: Instant::now(),
-            hibernate_armed: false,
-        })
+impl AgentActor {
+    async fn stop_children(state: &mut AgentState) -> Result<(), ActorProcessingErr> {
+        // Streams and tools stop first, then the writer is drained so every event handed to it is
+        // written; nothing new arrives since this actor no longer runs.
+        if let Some((_, actor, cancel)) = state.stream.take() {
+            cancel.cancel();
+            actor.stop(None);
+        }
+        if let Some(pool) = state.pool.take() {
+            pool.stop(None);
+        }
+        if let Some((_, t)) = state.timer.take() {
+            t.abort();
+        }
+        if let Some(w) = state.writer.take() {
+            let _ = w.drain_and_wait(Some(Duration::from_secs(30))).await;
+        }
+        Ok(())
     }
 
-    async fn post_start(
-        &self,
-        _myself: ActorRef<AgentMsg>,
-        state: &mut AgentState,
-    ) -> Result<(), ActorProcessingErr> {
-        self.settle(state).await
-    }
-
-    async fn handle(
+    async fn handle_msg(
         &self,
         _myself: ActorRef<AgentMsg>,
         msg: AgentMsg,
@@ -831,6 +816,8 @@ impl Actor for AgentActor {
             AgentMsg::TurnStoppingDone { ticket, result } => {
                 state.core.on_turn_stopping(ticket, result, now);
             }
+            #[cfg(feature = "fault-injection")]
+            AgentMsg::Panic => panic!("agent {}: injected fault", state.id()),
             AgentMsg::HibernateCheck { .. } => {
                 state.hibernate_armed = false;
                 let after = self.runtime.config.hibernate_after.unwrap_or(Duration::MAX);
@@ -853,7 +840,7 @@ impl Actor for AgentActor {
         self.settle(state).await
     }
 
-    async fn handle_supervisor_evt(
+    async fn on_supervision(
         &self,
         _myself: ActorRef<AgentMsg>,
         event: SupervisionEvent,
@@ -899,27 +886,68 @@ impl Actor for AgentActor {
         }
         self.settle(state).await
     }
+}
+
+impl Actor for AgentActor {
+    type Msg = AgentMsg;
+    type State = AgentState;
+    type Arguments = AgentArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<AgentMsg>,
+        args: AgentArgs,
+    ) -> Result<AgentState, ActorProcessingErr> {
+        Ok(AgentState {
+            core: args.core,
+            myself,
+            writer: None,
+            pool: None,
+            stream: None,
+            token: CancellationToken::new(),
+            timer: None,
+            acks: VecDeque::new(),
+            idle_waiters: Vec::new(),
+            publishing: VecDeque::new(),
+            failed: None,
+            last_activity: Instant::now(),
+            hibernate_armed: false,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        _myself: ActorRef<AgentMsg>,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
+        Box::pin(self.settle(state)).await
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<AgentMsg>,
+        msg: AgentMsg,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Boxed so the actor's task holds a pointer instead of the largest handler state machine:
+        // an idle (hibernated) agent then costs only its mailbox and state.
+        Box::pin(self.handle_msg(myself, msg, state)).await
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<AgentMsg>,
+        event: SupervisionEvent,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
+        Box::pin(self.on_supervision(myself, event, state)).await
+    }
 
     async fn post_stop(
         &self,
         _myself: ActorRef<AgentMsg>,
         state: &mut AgentState,
     ) -> Result<(), ActorProcessingErr> {
-        // Streams and tools stop first, then the writer is drained so every event handed to it is
-        // written; nothing new arrives since this actor no longer runs.
-        if let Some((_, actor, cancel)) = state.stream.take() {
-            cancel.cancel();
-            actor.stop(None);
-        }
-        if let Some(pool) = state.pool.take() {
-            pool.stop(None);
-        }
-        if let Some((_, t)) = state.timer.take() {
-            t.abort();
-        }
-        if let Some(w) = state.writer.take() {
-            let _ = w.drain_and_wait(Some(Duration::from_secs(30))).await;
-        }
-        Ok(())
+        Box::pin(Self::stop_children(state)).await
     }
 }

@@ -11,6 +11,7 @@ pub mod config;
 mod live;
 pub mod render;
 pub mod run;
+pub mod scenario;
 mod sessions;
 mod show;
 mod stored;
@@ -249,8 +250,9 @@ async fn dispatch(command: Command, config: Config) -> Result<ExitCode, CliError
         Command::Check(args) => check::run(args, config).await,
         Command::Export(args) => transfer::export_cmd(args, config).await,
         Command::Import(args) => transfer::import_cmd(args, config).await,
-        Command::Sim(_) | Command::Scenario(_) => {
-            Err(CliError::Usage("this subcommand is not built yet".into()))
-        }
+        Command::Scenario(ScenarioArgs {
+            command: ScenarioCommand::Run { check, files },
+        }) => scenario::run_files(check, &files).await,
+        Command::Sim(_) => Err(CliError::Usage("this subcommand is not built yet".into())),
     }
 }
