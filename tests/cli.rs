@@ -42,6 +42,7 @@ fn dsh_bin() -> &'static Path {
             .args([
                 "build",
                 "--quiet",
+                "--locked",
                 "-p",
                 "dsh-actors",
                 "--bin",
