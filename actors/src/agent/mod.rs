@@ -605,13 +605,15 @@ impl AgentActor {
         warn!(agent = %state.id(), %reason, "agent refuses input");
         state.failed = Some(reason.clone());
         let id = state.id().clone();
+        // The slot first: a caller woken by the failed acknowledgement below must find the agent
+        // failed on its next call, not a stopping actor that drops the request (`Interrupted`).
+        self.slot.set(SlotState::Failed(reason.clone()));
         for ack in state.acks.drain(..) {
             (ack.send)(Err(InputError::Failed {
                 id: id.clone(),
                 reason: reason.clone(),
             }));
         }
-        self.slot.set(SlotState::Failed(reason.clone()));
         self.publish(Observed::Failed { agent: id, reason });
         state.myself.stop(Some("failed".into()));
     }
