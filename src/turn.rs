@@ -1732,18 +1732,7 @@ impl AgentCore {
         };
         let ticket = batch.ticket;
         let call = batch.schedule.call(idx).clone();
-        let run = self.run_mut();
-        let (turn, step) = (run.turn, run.step);
-        let seq = self.append(
-            EventDraft::log(EventData::ToolCall(ToolCallEvent {
-                turn,
-                step,
-                call_id: call.call_id.clone(),
-                name: call.name.clone(),
-                arguments: call.arguments.clone(),
-            })),
-            now,
-        );
+        let seq = self.write_tool_call(&call, now);
         let invocation = self.invocation(&call);
         let batch = self.current_batch();
         batch.call_seqs[idx] = Some(seq);
@@ -1836,10 +1825,11 @@ impl AgentCore {
         );
     }
 
-    fn write_synthetic_pair(&mut self, call: &PlannedCall, output: ToolOutput, now: i64) {
+    /// Logs the start of `call` in the current step; returns the `tool/call` seq.
+    fn write_tool_call(&mut self, call: &PlannedCall, now: i64) -> u64 {
         let run = self.run_mut();
         let (turn, step) = (run.turn, run.step);
-        let seq = self.append(
+        self.append(
             EventDraft::log(EventData::ToolCall(ToolCallEvent {
                 turn,
                 step,
@@ -1848,7 +1838,11 @@ impl AgentCore {
                 arguments: call.arguments.clone(),
             })),
             now,
-        );
+        )
+    }
+
+    fn write_synthetic_pair(&mut self, call: &PlannedCall, output: ToolOutput, now: i64) {
+        let seq = self.write_tool_call(call, now);
         self.write_tool_result(call, Some(seq), output, now);
     }
 

@@ -165,6 +165,25 @@ impl AgentActor {
         })
     }
 
+    /// Reads the agent's log back from the store on a task and reports it with `report`.
+    fn read_log_back(
+        &self,
+        state: &AgentState,
+        report: impl FnOnce(Result<Vec<Event>, String>) -> AgentMsg + Send + 'static,
+    ) {
+        let store = Arc::clone(&self.runtime.store);
+        let id = state.id().clone();
+        let myself = state.myself.clone();
+        tokio::spawn(async move {
+            let result = store
+                .load(&id)
+                .await
+                .map(|loaded| loaded.events)
+                .map_err(|e| e.to_string());
+            let _ = myself.cast(report(result));
+        });
+    }
+
     /// Executes the core's effects until none are left.
     async fn run_effects(&self, state: &mut AgentState) -> Result<(), ActorProcessingErr> {
         loop {
@@ -197,17 +216,7 @@ impl AgentActor {
             Effect::NewCancelToken => state.token = CancellationToken::new(),
             Effect::CancelToken => state.token.cancel(),
             Effect::LoadLog { ticket } => {
-                let store = Arc::clone(&self.runtime.store);
-                let id = state.id().clone();
-                let myself = state.myself.clone();
-                tokio::spawn(async move {
-                    let result = store
-                        .load(&id)
-                        .await
-                        .map(|loaded| loaded.events)
-                        .map_err(|e| e.to_string());
-                    let _ = myself.cast(AgentMsg::LogLoaded { ticket, result });
-                });
+                self.read_log_back(state, move |result| AgentMsg::LogLoaded { ticket, result });
             }
             Effect::RunPreStep {
                 ticket,
@@ -750,19 +759,10 @@ impl AgentActor {
             AgentMsg::Subscribe { reply } => deliver(reply, self.slot.observers.subscribe()),
             AgentMsg::Log { reply } => match state.core.session() {
                 Some(session) => deliver(reply, Ok(session.events().to_vec())),
-                None => {
-                    let store = Arc::clone(&self.runtime.store);
-                    let id = state.id().clone();
-                    let myself = state.myself.clone();
-                    tokio::spawn(async move {
-                        let result = store
-                            .load(&id)
-                            .await
-                            .map(|l| l.events)
-                            .map_err(|e| e.to_string());
-                        let _ = myself.cast(AgentMsg::LogReadForCaller { result, reply });
-                    });
-                }
+                None => self.read_log_back(state, move |result| AgentMsg::LogReadForCaller {
+                    result,
+                    reply,
+                }),
             },
             AgentMsg::LogReadForCaller { result, reply } => {
                 let id = state.id().clone();
