@@ -42,6 +42,10 @@ pub struct Limits {
     pub pending_inputs_max: usize,
     /// Events buffered per subscriber before it is told it lagged. 1,024.
     pub subscriber_buffer_max: usize,
+    /// Text, reasoning and tool-call arguments in one assistant response. 4 MiB: far beyond any model's
+    /// output cap; a stream past it is cut and treated as a failed attempt, so the assembled message
+    /// always fits in one event record.
+    pub assistant_bytes_max: usize,
     /// One event record in the store (serialized). 8 MiB; must exceed every bound on a single payload.
     pub event_bytes_max: usize,
     /// Events in one session log. 4,000,000: a log past this is refused on load rather than read into
@@ -68,6 +72,7 @@ impl Limits {
         message_id_bytes_max: 256,
         pending_inputs_max: 1024,
         subscriber_buffer_max: 1024,
+        assistant_bytes_max: 4 << 20,
         event_bytes_max: 8 << 20,
         session_events_max: 4_000_000,
         tool_grace_ms: 2_000,
@@ -88,3 +93,4 @@ const _: () = assert!(Limits::DEFAULT.message_bytes_max < Limits::DEFAULT.event_
 const _: () = assert!(Limits::DEFAULT.tool_arguments_bytes_max < Limits::DEFAULT.event_bytes_max);
 const _: () = assert!(Limits::DEFAULT.sse_line_bytes_max <= Limits::DEFAULT.sse_event_bytes_max);
 const _: () = assert!(Limits::DEFAULT.sse_event_bytes_max < Limits::DEFAULT.event_bytes_max);
+const _: () = assert!(Limits::DEFAULT.assistant_bytes_max < Limits::DEFAULT.event_bytes_max);

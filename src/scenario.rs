@@ -1,1 +1,1425 @@
-//! OWNER: CLI/scenario work (issue 5): the scenario file format and the `expect` matcher.
+//! Scenario files (SPEC §9): the black-box conformance format, its semantic validation, and the
+//! `expect` matcher. Pure: no I/O, no clock; the runner (`dsh-actors`, `cli/scenario.rs`) builds a
+//! world from a `Scenario`, plays its actions, and hands the resulting log back to `Scenario::check`.
+//!
+//! A scenario is one JSON document; unknown fields are an error at every level, so a typo never turns
+//! into a silently ignored setting. Parsing goes section by section so an error names its path
+//! (`actions[3]: unknown field ...`). After the types, `Scenario::parse` checks what the types cannot:
+//! an `open` of a gate nothing waits on, a `remove` of an id no earlier action sent, a `wait_for` with
+//! count 0, a `tool_behaviour` for a call no model entry makes, and so on.
+//!
+//! The format is an interface others rely on: extend it, never rename or drop a field. Extensions
+//! beyond SPEC §9, all optional:
+//! - top level: `description` (free text), `action_timeout_ms` (how long one action may take before
+//!   the run fails with a timeout; default 10 000).
+//! - `agent`: `model` (default `scripted`), `system`, `tool_grace_ms`, `tool_timeout_ms`.
+//! - `tool_behaviour` entries: `error` may be an object `{message, name, code}` (the `tool/result`
+//!   then carries `error: {name, code}`); `ignore_cancel: true` makes a gated or delayed tool keep
+//!   waiting after its turn is cancelled (an uncooperative tool, so an abort converges only when its
+//!   gate opens or the grace period ends).
+//! - `hooks.pre_step` entries: decisions `enter` (pass the claimed batch unchanged) and `fail` (the hook
+//!   fails with `message`, ending the turn `error`), and `gate` (the hook waits for that gate first,
+//!   cooperatively with cancellation).
+//! - `hooks.turn_stopping` entries: `cancel: cause` besides `steer`/`inject`, and `at_stop: n` (act at
+//!   the n-th time that turn would stop; default 1).
+//! - `hooks.request_error`: `initial_delay_ms`, `max_delay_ms`, `jitter_ratio`, `retryable_codes`
+//!   override the default policy's backoff and codes, so retries can be fast and deterministic.
+//! - `expect` entries may also give `seq`, `sourceEventSeqs` and `surfaceOp`; in an object, an expected
+//!   `null` matches a key that is absent (or null).
+//!
+//! Message ids: an input action without `id` gets `action-<index>`; a `pre_step` rewrite message
+//! `pre-step-<entry>-<i>`; a `turn_stopping` message `turn-stopping-<entry>`; a tool's additional
+//! context `<call id>-context-<i>`. So every printed log is the same from run to run, apart from the
+//! ids the runtime mints (assistant and tool-result messages, retry chains).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::ids::MessageId;
+use crate::llm::retry::{Backoff, DEFAULT_RETRYABLE_CODES, RetryMode, RetryPolicy};
+use crate::llm::script::{ScriptEntry, ScriptReply};
+use crate::llm::types::{ContentBlock, Message, MessageSource, StreamChunk};
+use crate::session::Event;
+use crate::session::event::{CancelCause, ToolErrorInfo};
+
+/// The event types the runtime writes (SPEC §4): the only ones `wait_for` and `expect` may name.
+pub const WRITTEN_EVENT_TYPES: &[&str] = &[
+    "agent/inbox/spliced",
+    "turn/start",
+    "turn/end",
+    "step/start",
+    "step/end",
+    "user/message",
+    "request/header",
+    "request/context",
+    "assistant/chunk",
+    "assistant/message",
+    "tool/call",
+    "tool/result",
+    "llm/retry",
+    "llm/retry-started",
+    "session/end-seed",
+];
+
+/// How long one action may take unless the scenario says otherwise.
+pub const ACTION_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+
+/// The model name the agent uses unless `agent.model` says otherwise.
+pub const MODEL_DEFAULT: &str = "scripted";
+
+/// The plugin name on messages a scenario's hooks and tools add (`{kind:"plugin", plugin:"scenario"}`).
+pub const PLUGIN_NAME: &str = "scenario";
+
+/// Why a scenario could not be read, run or checked.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScenarioError {
+    #[error("scenario is not valid JSON: {reason}")]
+    Json { reason: String },
+    /// A field has the wrong type, is missing, or is unknown.
+    #[error("{path}: {reason}")]
+    Field { path: String, reason: String },
+    /// The fields parse but do not make sense together.
+    #[error("{path}: {reason}")]
+    Invalid { path: String, reason: String },
+    #[error("scenario {scenario:?} has no expect section to check against")]
+    NoExpect { scenario: String },
+    #[error("{0}")]
+    Mismatch(Box<Mismatch>),
+    /// The runtime refused an action (an input error, an unknown agent, ...).
+    #[error("scenario {scenario:?}: actions[{action_idx}] ({action}) failed: {reason}")]
+    Action {
+        scenario: String,
+        action_idx: usize,
+        action: String,
+        reason: String,
+    },
+    /// Something the runner waited for did not happen in time: the scenario hangs.
+    #[error("scenario {scenario:?}: {at} did not finish within {timeout_ms} ms ({waiting})")]
+    Timeout {
+        scenario: String,
+        /// `actions[i] (...)` or `the final wait for idle`.
+        at: String,
+        timeout_ms: u64,
+        /// What was still missing.
+        waiting: String,
+    },
+    /// The world could not be built or read (host start, store read).
+    #[error("scenario {scenario:?}: {reason}")]
+    Runtime { scenario: String, reason: String },
+}
+
+/// The first difference between a log and a scenario's `expect`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mismatch {
+    pub scenario: String,
+    /// Index into `expect`; equals `expect.len()` when the log holds events past the last expectation.
+    pub expect_idx: usize,
+    /// Index into the log of the event compared (`None` when the log ended first).
+    pub event_idx: Option<usize>,
+    /// The expectation as written (`null` past the end of `expect`).
+    pub expected: Value,
+    /// The event compared, as JSON with `time` 0 (`None` when the log ended first).
+    pub actual: Option<Value>,
+    /// Where they differ, e.g. `data.reason.kind: expected "completed", got "aborted"`.
+    pub detail: String,
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let at = match self.event_idx {
+            Some(i) => format!("event {i}"),
+            None => "the end of the log".to_string(),
+        };
+        writeln!(
+            f,
+            "scenario {:?}: expect[{}] vs {at}: {}",
+            self.scenario, self.expect_idx, self.detail
+        )?;
+        writeln!(f, "  expected: {}", compact(&self.expected))?;
+        match &self.actual {
+            Some(a) => write!(f, "  actual:   {}", compact(a)),
+            None => write!(f, "  actual:   (none)"),
+        }
+    }
+}
+
+fn compact(v: &Value) -> String {
+    serde_json::to_string(v).unwrap_or_else(|_| "<unprintable>".to_string())
+}
+
+/// The agent's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentSection {
+    /// Invariant: at least 1.
+    pub max_parallel_tool_calls: usize,
+    /// Invariant: at least 1 when set.
+    pub max_tokens: Option<u64>,
+    /// Invariant: non-empty.
+    pub model: String,
+    pub system: Option<String>,
+    pub tool_grace_ms: Option<u64>,
+    /// Invariant: at least 1 when set.
+    pub tool_timeout_ms: Option<u64>,
+}
+
+impl Default for AgentSection {
+    fn default() -> AgentSection {
+        AgentSection {
+            max_parallel_tool_calls: 10,
+            max_tokens: None,
+            model: MODEL_DEFAULT.to_string(),
+            system: None,
+            tool_grace_ms: None,
+            tool_timeout_ms: None,
+        }
+    }
+}
+
+/// How a scenario tool schedules its calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolMode {
+    Parallel,
+    Exclusive,
+}
+
+/// One tool the agent offers.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolSpec {
+    pub name: String,
+    pub mode: ToolMode,
+}
+
+/// What a tool call with this id does. A call without an entry answers `ok` at once.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct ToolBehaviour {
+    /// The text result (default `ok`).
+    pub result: Option<String>,
+    /// Slept before anything else.
+    pub delay_ms: u64,
+    /// Waited for after the delay.
+    pub gate: Option<String>,
+    /// Makes the result an error: `(message, info)`; the model sees `Error: <message>`.
+    pub error: Option<(String, Option<ToolErrorInfo>)>,
+    /// Panics after the delay and the gate.
+    pub panic: bool,
+    pub additional_contexts: Vec<Message>,
+    pub concludes_turn: bool,
+    /// Keeps waiting through a cancellation.
+    pub ignore_cancel: bool,
+}
+
+/// What a `pre_step` entry does at its proposed step.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PreStepAction {
+    /// Enter with the claimed batch unchanged.
+    Enter,
+    /// Do not enter; the turn ends `blocked`.
+    Reject,
+    /// Enter with exactly these messages (`[]`: enter nothing).
+    Rewrite(Vec<Message>),
+    /// The hook fails with this message; the turn ends `error`.
+    Fail(String),
+}
+
+/// One `hooks.pre_step` entry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PreStepEntry {
+    /// Invariant: at least 1.
+    pub turn: u64,
+    /// The proposed step. Invariant: at least 1.
+    pub step: u64,
+    pub action: PreStepAction,
+    /// Waited for before deciding.
+    pub gate: Option<String>,
+}
+
+/// What a `turn_stopping` entry does.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TurnStoppingDo {
+    Steer(Message),
+    Inject(Message),
+    Cancel(CancelCause),
+}
+
+/// One `hooks.turn_stopping` entry: acts once, the `at_stop`-th time turn `turn` would stop.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TurnStoppingEntry {
+    /// Invariant: at least 1.
+    pub turn: u64,
+    /// Invariant: at least 1.
+    pub at_stop: u64,
+    pub act: TurnStoppingDo,
+}
+
+/// The hooks a scenario installs.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct HooksSection {
+    pub pre_step: Vec<PreStepEntry>,
+    pub turn_stopping: Vec<TurnStoppingEntry>,
+    /// The default request-error policy, with the scenario's budget (and optional backoff knobs).
+    pub request_error: Option<RetryPolicy>,
+}
+
+/// One user input an action sends.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Input {
+    pub id: MessageId,
+    pub text: String,
+}
+
+impl Input {
+    /// The message the action sends: one text block, source `{kind:"user"}`.
+    pub fn message(&self) -> Message {
+        Message::user_text(self.id.clone(), self.text.clone())
+    }
+}
+
+/// One step of a scenario's script, run in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    Followup(Input),
+    Steer(Input),
+    Inject(Input),
+    Cancel {
+        cause: CancelCause,
+        keep_inbox: bool,
+    },
+    Remove(MessageId),
+    Replace {
+        id: MessageId,
+        with: Input,
+    },
+    Open(String),
+    /// Until the durable log holds at least `count` events of `kind`. Invariant: `count >= 1`.
+    WaitFor {
+        kind: String,
+        count: usize,
+    },
+    WaitIdle,
+    Restart,
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Action::Followup(i) => write!(f, "followup {:?} as {}", i.text, i.id),
+            Action::Steer(i) => write!(f, "steer {:?} as {}", i.text, i.id),
+            Action::Inject(i) => write!(f, "inject {:?} as {}", i.text, i.id),
+            Action::Cancel { cause, keep_inbox } => {
+                write!(f, "cancel {} keep_inbox={keep_inbox}", cause_name(cause))
+            }
+            Action::Remove(id) => write!(f, "remove {id}"),
+            Action::Replace { id, with } => {
+                write!(f, "replace {id} with {:?} as {}", with.text, with.id)
+            }
+            Action::Open(g) => write!(f, "open {g}"),
+            Action::WaitFor { kind, count } => write!(f, "wait_for {count} {kind}"),
+            Action::WaitIdle => write!(f, "wait_idle"),
+            Action::Restart => write!(f, "restart"),
+        }
+    }
+}
+
+fn cause_name(cause: &CancelCause) -> String {
+    match cause {
+        CancelCause::User => "user".into(),
+        CancelCause::Parent => "parent".into(),
+        CancelCause::Disposed => "disposed".into(),
+        CancelCause::Hook { reason } => format!("hook({reason:?})"),
+        CancelCause::Legacy => "legacy".into(),
+    }
+}
+
+/// How `expect` is compared with the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ExpectMode {
+    /// Event for event: the log has exactly as many events as `expect` has entries.
+    #[default]
+    Whole,
+    /// The entries match events in order, others may come between.
+    Subsequence,
+}
+
+/// One `expect` entry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Expectation {
+    pub kind: String,
+    /// The parts of the envelope to compare (`data`, `seq`, `sourceEventSeqs`, `surfaceOp`), as given.
+    pub fields: Map<String, Value>,
+    /// The entry as written, for reports.
+    pub written: Value,
+}
+
+/// A parsed and validated scenario.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scenario {
+    pub name: String,
+    pub description: Option<String>,
+    pub agent: AgentSection,
+    pub tools: Vec<ToolSpec>,
+    pub model: Vec<ScriptEntry>,
+    /// By call id.
+    pub tool_behaviour: BTreeMap<String, ToolBehaviour>,
+    pub hooks: HooksSection,
+    pub actions: Vec<Action>,
+    pub expect: Option<Vec<Expectation>>,
+    pub expect_mode: ExpectMode,
+    /// Invariant: at least 1.
+    pub action_timeout_ms: u64,
+}
+
+// -------------------------------------------------------------------------------------------------
+// Raw shapes (serde), one per object of the format.
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTop {
+    name: Value,
+    #[serde(default)]
+    description: Option<Value>,
+    #[serde(default)]
+    agent: Option<Value>,
+    #[serde(default)]
+    tools: Option<Value>,
+    #[serde(default)]
+    model: Option<Value>,
+    #[serde(default)]
+    tool_behaviour: Option<Value>,
+    #[serde(default)]
+    hooks: Option<Value>,
+    actions: Value,
+    #[serde(default)]
+    expect: Option<Value>,
+    #[serde(default)]
+    expect_mode: Option<Value>,
+    #[serde(default)]
+    action_timeout_ms: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAgent {
+    #[serde(default)]
+    max_parallel_tool_calls: Option<u64>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    system: Option<String>,
+    #[serde(default)]
+    tool_grace_ms: Option<u64>,
+    #[serde(default)]
+    tool_timeout_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBehaviour {
+    #[serde(default)]
+    result: Option<String>,
+    #[serde(default)]
+    delay_ms: Option<u64>,
+    #[serde(default)]
+    gate: Option<String>,
+    #[serde(default)]
+    error: Option<Value>,
+    #[serde(default)]
+    panic: Option<bool>,
+    #[serde(default)]
+    additional_contexts: Option<Vec<String>>,
+    #[serde(default)]
+    concludes_turn: Option<bool>,
+    #[serde(default)]
+    ignore_cancel: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawToolError {
+    message: String,
+    name: String,
+    code: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHooks {
+    #[serde(default)]
+    pre_step: Option<Vec<Value>>,
+    #[serde(default)]
+    turn_stopping: Option<Vec<Value>>,
+    #[serde(default)]
+    request_error: Option<Value>,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum RawDecision {
+    Enter,
+    Reject,
+    Rewrite,
+    Fail,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPreStep {
+    turn: u64,
+    step: u64,
+    decision: RawDecision,
+    #[serde(default)]
+    messages: Option<Vec<String>>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    gate: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTurnStopping {
+    turn: u64,
+    #[serde(default)]
+    at_stop: Option<u64>,
+    #[serde(default)]
+    steer: Option<String>,
+    #[serde(default)]
+    inject: Option<String>,
+    #[serde(default)]
+    cancel: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRequestError {
+    retries: u64,
+    #[serde(default)]
+    initial_delay_ms: Option<u64>,
+    #[serde(default)]
+    max_delay_ms: Option<u64>,
+    #[serde(default)]
+    jitter_ratio: Option<f64>,
+    #[serde(default)]
+    retryable_codes: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAction {
+    #[serde(default)]
+    followup: Option<String>,
+    #[serde(default)]
+    steer: Option<String>,
+    #[serde(default)]
+    inject: Option<String>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    cancel: Option<RawCancel>,
+    #[serde(default)]
+    remove: Option<String>,
+    #[serde(default)]
+    replace: Option<String>,
+    #[serde(default)]
+    with: Option<String>,
+    #[serde(default)]
+    open: Option<String>,
+    #[serde(default)]
+    wait_for: Option<RawWaitFor>,
+    #[serde(default)]
+    wait_idle: Option<bool>,
+    #[serde(default)]
+    restart: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCancel {
+    #[serde(default)]
+    cause: Option<Value>,
+    #[serde(default)]
+    keep_inbox: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWaitFor {
+    #[serde(rename = "type")]
+    kind: String,
+    count: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExpectation {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    seq: Option<Value>,
+    #[serde(default)]
+    data: Option<Value>,
+    #[serde(default, rename = "sourceEventSeqs")]
+    source_event_seqs: Option<Value>,
+    #[serde(default, rename = "surfaceOp")]
+    surface_op: Option<Value>,
+}
+
+fn typed<T: DeserializeOwned>(path: &str, v: &Value) -> Result<T, ScenarioError> {
+    T::deserialize(v).map_err(|e| ScenarioError::Field {
+        path: path.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+fn invalid(path: impl Into<String>, reason: impl Into<String>) -> ScenarioError {
+    ScenarioError::Invalid {
+        path: path.into(),
+        reason: reason.into(),
+    }
+}
+
+fn message_id(path: &str, id: &str) -> Result<MessageId, ScenarioError> {
+    MessageId::new(id).map_err(|e| invalid(path, format!("{id:?} is not a valid message id: {e}")))
+}
+
+fn plugin_message(path: &str, id: &str, text: &str) -> Result<Message, ScenarioError> {
+    Ok(Message {
+        id: message_id(path, id)?,
+        role: crate::llm::types::Role::User,
+        content: vec![ContentBlock::text(text)],
+        source: MessageSource::plugin(PLUGIN_NAME),
+    })
+}
+
+fn gate_name(path: &str, name: &str) -> Result<String, ScenarioError> {
+    if name.is_empty() {
+        return Err(invalid(path, "gate name is empty"));
+    }
+    Ok(name.to_string())
+}
+
+/// `"user" | "parent" | "disposed" | {"hook": reason}`
+fn parse_cause(path: &str, v: &Value) -> Result<CancelCause, ScenarioError> {
+    match v {
+        Value::String(s) if s == "user" => Ok(CancelCause::User),
+        Value::String(s) if s == "parent" => Ok(CancelCause::Parent),
+        Value::String(s) if s == "disposed" => Ok(CancelCause::Disposed),
+        Value::Object(m) if m.len() == 1 => match m.get("hook") {
+            Some(Value::String(reason)) => Ok(CancelCause::Hook {
+                reason: reason.clone(),
+            }),
+            _ => Err(ScenarioError::Field {
+                path: path.to_string(),
+                reason: format!("a hook cause is {{\"hook\": reason}}, got {}", compact(v)),
+            }),
+        },
+        _ => Err(ScenarioError::Field {
+            path: path.to_string(),
+            reason: format!(
+                "cause must be \"user\", \"parent\", \"disposed\" or {{\"hook\": reason}}, got {}",
+                compact(v)
+            ),
+        }),
+    }
+}
+
+/// Every tool-call id a model entry streams (its `tool_calls`, or tool-call chunks of `chunks`).
+fn call_ids(entry: &ScriptEntry, out: &mut BTreeSet<String>) {
+    match &entry.reply {
+        ScriptReply::ToolCalls { calls, .. } => out.extend(calls.iter().map(|c| c.id.clone())),
+        ScriptReply::Chunks(chunks) => {
+            for chunk in chunks {
+                match chunk {
+                    StreamChunk::ToolCallDelta { id, .. } => {
+                        out.insert(id.clone());
+                    }
+                    StreamChunk::BlockEnd {
+                        block: ContentBlock::ToolCall { id, .. },
+                        ..
+                    } => {
+                        out.insert(id.clone());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+impl Scenario {
+    /// Parses and validates a scenario document.
+    ///
+    /// # Errors
+    /// `Json` for text that is not JSON; `Field` for a wrong type, a missing or an unknown field (with
+    /// its path); `Invalid` for fields that parse but contradict each other or the rules above.
+    pub fn parse(json: &str) -> Result<Scenario, ScenarioError> {
+        let v: Value = serde_json::from_str(json).map_err(|e| ScenarioError::Json {
+            reason: e.to_string(),
+        })?;
+        Scenario::from_value(&v)
+    }
+
+    /// As [`Scenario::parse`], from a JSON value.
+    ///
+    /// # Errors
+    /// As [`Scenario::parse`].
+    pub fn from_value(v: &Value) -> Result<Scenario, ScenarioError> {
+        if !v.is_object() {
+            return Err(ScenarioError::Field {
+                path: "scenario".into(),
+                reason: format!("must be a JSON object, got {}", kind_of(v)),
+            });
+        }
+        let top: RawTop = typed("scenario", v)?;
+        let name: String = typed("name", &top.name)?;
+        if name.trim().is_empty() {
+            return Err(invalid("name", "name is empty"));
+        }
+        let description = match &top.description {
+            None | Some(Value::Null) => None,
+            Some(d) => Some(typed::<String>("description", d)?),
+        };
+        let agent = match &top.agent {
+            None | Some(Value::Null) => AgentSection::default(),
+            Some(a) => parse_agent(a)?,
+        };
+        let tools = parse_tools(top.tools.as_ref())?;
+        let model = parse_model(top.model.as_ref())?;
+        let mut gates = BTreeSet::new();
+        let mut calls = BTreeSet::new();
+        for entry in &model {
+            if let Some((g, _)) = entry.gate_spec() {
+                gates.insert(g.to_string());
+            }
+            call_ids(entry, &mut calls);
+        }
+        let tool_behaviour = parse_behaviours(top.tool_behaviour.as_ref(), &calls, &mut gates)?;
+        let hooks = match &top.hooks {
+            None | Some(Value::Null) => HooksSection::default(),
+            Some(h) => parse_hooks(h, &mut gates)?,
+        };
+        let actions = parse_actions(&top.actions, &gates)?;
+        let expect = match &top.expect {
+            None | Some(Value::Null) => None,
+            Some(e) => Some(parse_expect(e)?),
+        };
+        let expect_mode = match &top.expect_mode {
+            None | Some(Value::Null) => ExpectMode::Whole,
+            Some(m) => typed("expect_mode", m)?,
+        };
+        let action_timeout_ms = match &top.action_timeout_ms {
+            None | Some(Value::Null) => ACTION_TIMEOUT_MS_DEFAULT,
+            Some(t) => typed::<u64>("action_timeout_ms", t)?,
+        };
+        if action_timeout_ms == 0 {
+            return Err(invalid("action_timeout_ms", "must be at least 1"));
+        }
+        Ok(Scenario {
+            name,
+            description,
+            agent,
+            tools,
+            model,
+            tool_behaviour,
+            hooks,
+            actions,
+            expect,
+            expect_mode,
+            action_timeout_ms,
+        })
+    }
+
+    /// Every gate name the scenario's model entries, tools and hooks wait on.
+    pub fn gates(&self) -> BTreeSet<String> {
+        let mut out: BTreeSet<String> = self
+            .model
+            .iter()
+            .filter_map(|e| e.gate_spec().map(|(g, _)| g.to_string()))
+            .collect();
+        out.extend(self.tool_behaviour.values().filter_map(|b| b.gate.clone()));
+        out.extend(self.hooks.pre_step.iter().filter_map(|e| e.gate.clone()));
+        out
+    }
+
+    /// Compares `events` with `expect`.
+    ///
+    /// # Errors
+    /// `NoExpect` when the scenario has no `expect`; `Mismatch` naming the first difference.
+    pub fn check(&self, events: &[Event]) -> Result<(), ScenarioError> {
+        let Some(expect) = &self.expect else {
+            return Err(ScenarioError::NoExpect {
+                scenario: self.name.clone(),
+            });
+        };
+        match_log(expect, self.expect_mode, events).map_err(|mut m| {
+            m.scenario.clone_from(&self.name);
+            ScenarioError::Mismatch(m)
+        })
+    }
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn parse_agent(v: &Value) -> Result<AgentSection, ScenarioError> {
+    let raw: RawAgent = typed("agent", v)?;
+    let mut agent = AgentSection::default();
+    if let Some(n) = raw.max_parallel_tool_calls {
+        if n == 0 {
+            return Err(invalid(
+                "agent.max_parallel_tool_calls",
+                "must be at least 1 (1 = serial)",
+            ));
+        }
+        agent.max_parallel_tool_calls = usize::try_from(n).unwrap_or(usize::MAX);
+    }
+    if raw.max_tokens == Some(0) {
+        return Err(invalid("agent.max_tokens", "must be at least 1 or null"));
+    }
+    agent.max_tokens = raw.max_tokens;
+    if let Some(model) = raw.model {
+        if model.is_empty() {
+            return Err(invalid("agent.model", "model is empty"));
+        }
+        agent.model = model;
+    }
+    agent.system = raw.system;
+    agent.tool_grace_ms = raw.tool_grace_ms;
+    if raw.tool_timeout_ms == Some(0) {
+        return Err(invalid("agent.tool_timeout_ms", "must be at least 1"));
+    }
+    agent.tool_timeout_ms = raw.tool_timeout_ms;
+    Ok(agent)
+}
+
+fn parse_tools(v: Option<&Value>) -> Result<Vec<ToolSpec>, ScenarioError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(Vec::new());
+    };
+    let items: Vec<Value> = typed("tools", v)?;
+    let mut tools: Vec<ToolSpec> = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let path = format!("tools[{i}]");
+        let tool: ToolSpec = typed(&path, item)?;
+        if tool.name.is_empty() {
+            return Err(invalid(path, "tool name is empty"));
+        }
+        if tools.iter().any(|t| t.name == tool.name) {
+            return Err(invalid(
+                path,
+                format!("tool {:?} is declared twice", tool.name),
+            ));
+        }
+        tools.push(tool);
+    }
+    Ok(tools)
+}
+
+fn parse_model(v: Option<&Value>) -> Result<Vec<ScriptEntry>, ScenarioError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(Vec::new());
+    };
+    let items: Vec<Value> = typed("model", v)?;
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| typed(&format!("model[{i}]"), item))
+        .collect()
+}
+
+fn parse_behaviours(
+    v: Option<&Value>,
+    calls: &BTreeSet<String>,
+    gates: &mut BTreeSet<String>,
+) -> Result<BTreeMap<String, ToolBehaviour>, ScenarioError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(BTreeMap::new());
+    };
+    let items: BTreeMap<String, Value> = typed("tool_behaviour", v)?;
+    let mut out = BTreeMap::new();
+    for (call_id, item) in items {
+        let path = format!("tool_behaviour.{call_id}");
+        let raw: RawBehaviour = typed(&path, &item)?;
+        if !calls.contains(&call_id) {
+            return Err(invalid(
+                path,
+                format!("no model entry makes a tool call with id {call_id:?}"),
+            ));
+        }
+        let error = match raw.error {
+            None | Some(Value::Null) => None,
+            Some(Value::String(m)) => Some((m, None)),
+            Some(other) => {
+                let e: RawToolError = typed(&format!("{path}.error"), &other)?;
+                Some((
+                    e.message,
+                    Some(ToolErrorInfo {
+                        name: e.name,
+                        code: e.code,
+                    }),
+                ))
+            }
+        };
+        let panic = raw.panic.unwrap_or(false);
+        if raw.result.is_some() && error.is_some() {
+            return Err(invalid(path, "result and error exclude each other"));
+        }
+        if panic && (raw.result.is_some() || error.is_some()) {
+            return Err(invalid(path, "a panicking call has no result or error"));
+        }
+        let gate = match raw.gate {
+            Some(g) => {
+                let g = gate_name(&format!("{path}.gate"), &g)?;
+                gates.insert(g.clone());
+                Some(g)
+            }
+            None => None,
+        };
+        let contexts = raw
+            .additional_contexts
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                plugin_message(
+                    &format!("{path}.additional_contexts[{i}]"),
+                    &format!("{call_id}-context-{i}"),
+                    text,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        out.insert(
+            call_id,
+            ToolBehaviour {
+                result: raw.result,
+                delay_ms: raw.delay_ms.unwrap_or(0),
+                gate,
+                error,
+                panic,
+                additional_contexts: contexts,
+                concludes_turn: raw.concludes_turn.unwrap_or(false),
+                ignore_cancel: raw.ignore_cancel.unwrap_or(false),
+            },
+        );
+    }
+    Ok(out)
+}
+
+fn parse_hooks(v: &Value, gates: &mut BTreeSet<String>) -> Result<HooksSection, ScenarioError> {
+    let raw: RawHooks = typed("hooks", v)?;
+    let mut hooks = HooksSection::default();
+    for (i, item) in raw.pre_step.unwrap_or_default().iter().enumerate() {
+        let path = format!("hooks.pre_step[{i}]");
+        let e: RawPreStep = typed(&path, item)?;
+        if e.turn == 0 || e.step == 0 {
+            return Err(invalid(path, "turn and step count from 1"));
+        }
+        if hooks
+            .pre_step
+            .iter()
+            .any(|p| p.turn == e.turn && p.step == e.step)
+        {
+            return Err(invalid(
+                path,
+                format!("a second entry for turn {} step {}", e.turn, e.step),
+            ));
+        }
+        if e.messages.is_some() && e.decision != RawDecision::Rewrite {
+            return Err(invalid(path, "messages belong to a rewrite decision"));
+        }
+        if e.message.is_some() && e.decision != RawDecision::Fail {
+            return Err(invalid(path, "message belongs to a fail decision"));
+        }
+        let action = match e.decision {
+            RawDecision::Enter => PreStepAction::Enter,
+            RawDecision::Reject => PreStepAction::Reject,
+            RawDecision::Fail => {
+                PreStepAction::Fail(e.message.unwrap_or_else(|| "pre_step hook failed".into()))
+            }
+            RawDecision::Rewrite => {
+                let Some(texts) = e.messages else {
+                    return Err(invalid(path, "a rewrite needs messages (possibly [])"));
+                };
+                let mut messages = Vec::with_capacity(texts.len());
+                for (j, text) in texts.iter().enumerate() {
+                    let id = message_id(&path, &format!("pre-step-{i}-{j}"))?;
+                    messages.push(Message::user_text(id, text.clone()));
+                }
+                PreStepAction::Rewrite(messages)
+            }
+        };
+        let gate = match e.gate {
+            Some(g) => {
+                let g = gate_name(&format!("{path}.gate"), &g)?;
+                gates.insert(g.clone());
+                Some(g)
+            }
+            None => None,
+        };
+        hooks.pre_step.push(PreStepEntry {
+            turn: e.turn,
+            step: e.step,
+            action,
+            gate,
+        });
+    }
+    for (i, item) in raw.turn_stopping.unwrap_or_default().iter().enumerate() {
+        let path = format!("hooks.turn_stopping[{i}]");
+        let e: RawTurnStopping = typed(&path, item)?;
+        let at_stop = e.at_stop.unwrap_or(1);
+        if e.turn == 0 || at_stop == 0 {
+            return Err(invalid(path, "turn and at_stop count from 1"));
+        }
+        let id = format!("turn-stopping-{i}");
+        let act = match (e.steer, e.inject, e.cancel) {
+            (Some(text), None, None) => TurnStoppingDo::Steer(plugin_message(&path, &id, &text)?),
+            (None, Some(text), None) => TurnStoppingDo::Inject(plugin_message(&path, &id, &text)?),
+            (None, None, Some(cause)) => {
+                TurnStoppingDo::Cancel(parse_cause(&format!("{path}.cancel"), &cause)?)
+            }
+            _ => {
+                return Err(invalid(
+                    path,
+                    "needs exactly one of steer, inject and cancel",
+                ));
+            }
+        };
+        hooks.turn_stopping.push(TurnStoppingEntry {
+            turn: e.turn,
+            at_stop,
+            act,
+        });
+    }
+    if let Some(v) = raw.request_error.filter(|v| !v.is_null()) {
+        let path = "hooks.request_error";
+        let e: RawRequestError = typed(path, &v)?;
+        let defaults = Backoff::default();
+        let policy = RetryPolicy {
+            mode: RetryMode::Normal {
+                max_retries: e.retries,
+                retryable_codes: e
+                    .retryable_codes
+                    .unwrap_or_else(|| DEFAULT_RETRYABLE_CODES.map(String::from).to_vec()),
+            },
+            backoff: Backoff {
+                initial_delay_ms: e.initial_delay_ms.unwrap_or(defaults.initial_delay_ms),
+                max_delay_ms: e.max_delay_ms.unwrap_or(defaults.max_delay_ms),
+                jitter_ratio: e.jitter_ratio.unwrap_or(defaults.jitter_ratio),
+            },
+        };
+        policy
+            .validate()
+            .map_err(|e| invalid(path, e.to_string()))?;
+        hooks.request_error = Some(policy);
+    }
+    Ok(hooks)
+}
+
+fn parse_actions(v: &Value, gates: &BTreeSet<String>) -> Result<Vec<Action>, ScenarioError> {
+    let items: Vec<Value> = typed("actions", v)?;
+    let mut sent: BTreeSet<String> = BTreeSet::new();
+    let mut actions = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let path = format!("actions[{i}]");
+        let raw: RawAction = typed(&path, item)?;
+        let verbs: Vec<&str> = [
+            ("followup", raw.followup.is_some()),
+            ("steer", raw.steer.is_some()),
+            ("inject", raw.inject.is_some()),
+            ("cancel", raw.cancel.is_some()),
+            ("remove", raw.remove.is_some()),
+            ("replace", raw.replace.is_some()),
+            ("open", raw.open.is_some()),
+            ("wait_for", raw.wait_for.is_some()),
+            ("wait_idle", raw.wait_idle.is_some()),
+            ("restart", raw.restart.is_some()),
+        ]
+        .iter()
+        .filter(|(_, present)| *present)
+        .map(|(verb, _)| *verb)
+        .collect();
+        if verbs.len() != 1 {
+            return Err(invalid(
+                path,
+                format!(
+                    "an action has exactly one verb (followup, steer, inject, cancel, remove, replace, open, wait_for, wait_idle, restart), found {}: [{}]",
+                    verbs.len(),
+                    verbs.join(", ")
+                ),
+            ));
+        }
+        let takes_id = raw.followup.is_some()
+            || raw.steer.is_some()
+            || raw.inject.is_some()
+            || raw.replace.is_some();
+        if raw.id.is_some() && !takes_id {
+            return Err(invalid(
+                path,
+                "id belongs to followup, steer, inject or replace",
+            ));
+        }
+        if raw.with.is_some() != raw.replace.is_some() {
+            return Err(invalid(path, "replace and with go together"));
+        }
+        let input = |text: String| -> Result<Input, ScenarioError> {
+            let id = raw.id.clone().unwrap_or_else(|| format!("action-{i}"));
+            Ok(Input {
+                id: message_id(&format!("{path}.id"), &id)?,
+                text,
+            })
+        };
+        let action = if let Some(t) = raw.followup.clone() {
+            Action::Followup(input(t)?)
+        } else if let Some(t) = raw.steer.clone() {
+            Action::Steer(input(t)?)
+        } else if let Some(t) = raw.inject.clone() {
+            Action::Inject(input(t)?)
+        } else if let Some(c) = &raw.cancel {
+            Action::Cancel {
+                cause: match &c.cause {
+                    None | Some(Value::Null) => CancelCause::User,
+                    Some(v) => parse_cause(&format!("{path}.cancel.cause"), v)?,
+                },
+                keep_inbox: c.keep_inbox.unwrap_or(false),
+            }
+        } else if let Some(id) = &raw.remove {
+            if !sent.contains(id) {
+                return Err(invalid(
+                    path,
+                    format!("remove {id:?}: no earlier action sent a message with that id"),
+                ));
+            }
+            Action::Remove(message_id(&path, id)?)
+        } else if let Some(id) = &raw.replace {
+            if !sent.contains(id) {
+                return Err(invalid(
+                    path,
+                    format!("replace {id:?}: no earlier action sent a message with that id"),
+                ));
+            }
+            let with = raw.with.clone().unwrap_or_default();
+            Action::Replace {
+                id: message_id(&path, id)?,
+                with: input(with)?,
+            }
+        } else if let Some(g) = &raw.open {
+            if !gates.contains(g) {
+                return Err(invalid(
+                    path,
+                    format!(
+                        "open {g:?}: no model entry, tool or hook waits on a gate of that name (known: [{}])",
+                        gates.iter().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+            Action::Open(g.clone())
+        } else if let Some(w) = &raw.wait_for {
+            if w.count == 0 {
+                return Err(invalid(
+                    path,
+                    "wait_for count 0 waits for nothing; use at least 1",
+                ));
+            }
+            if !WRITTEN_EVENT_TYPES.contains(&w.kind.as_str()) {
+                return Err(invalid(
+                    path,
+                    format!(
+                        "wait_for {:?}: the runtime writes no such event type",
+                        w.kind
+                    ),
+                ));
+            }
+            Action::WaitFor {
+                kind: w.kind.clone(),
+                count: w.count,
+            }
+        } else if let Some(flag) = raw.wait_idle {
+            if !flag {
+                return Err(invalid(path, "wait_idle must be true"));
+            }
+            Action::WaitIdle
+        } else if let Some(flag) = raw.restart {
+            if !flag {
+                return Err(invalid(path, "restart must be true"));
+            }
+            Action::Restart
+        } else {
+            unreachable!("exactly one verb was counted above")
+        };
+        match &action {
+            Action::Followup(m) | Action::Steer(m) | Action::Inject(m) => {
+                sent.insert(m.id.to_string());
+            }
+            Action::Replace { with, .. } => {
+                sent.insert(with.id.to_string());
+            }
+            _ => {}
+        }
+        actions.push(action);
+    }
+    Ok(actions)
+}
+
+fn parse_expect(v: &Value) -> Result<Vec<Expectation>, ScenarioError> {
+    let items: Vec<Value> = typed("expect", v)?;
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let path = format!("expect[{i}]");
+        let raw: RawExpectation = typed(&path, item)?;
+        if !WRITTEN_EVENT_TYPES.contains(&raw.kind.as_str()) {
+            return Err(invalid(
+                path,
+                format!("the runtime writes no event of type {:?}", raw.kind),
+            ));
+        }
+        let mut fields = Map::new();
+        for (key, value) in [
+            ("seq", raw.seq),
+            ("data", raw.data),
+            ("sourceEventSeqs", raw.source_event_seqs),
+            ("surfaceOp", raw.surface_op),
+        ] {
+            if let Some(value) = value {
+                fields.insert(key.to_string(), value);
+            }
+        }
+        out.push(Expectation {
+            kind: raw.kind,
+            fields,
+            written: item.clone(),
+        });
+    }
+    Ok(out)
+}
+
+// -------------------------------------------------------------------------------------------------
+// The matcher.
+
+/// An event as printed by `dsh scenario run`: its v0 JSON with `time` 0.
+pub fn event_json(event: &Event) -> Value {
+    let mut e = event.clone();
+    e.time = 0;
+    serde_json::to_value(&e).unwrap_or(Value::Null)
+}
+
+/// Whether `actual` holds `expected`: objects by key (an expected `null` also matches an absent key),
+/// arrays element by element with equal lengths, everything else by equality.
+///
+/// # Errors
+/// The first difference, named by its path under `path` (`data.reason.kind: expected ..., got ...`).
+pub fn subset_match(expected: &Value, actual: Option<&Value>, path: &str) -> Result<(), String> {
+    match (expected, actual) {
+        (Value::Null, None | Some(Value::Null)) => Ok(()),
+        (_, None) => Err(format!(
+            "{path}: expected {}, got nothing",
+            compact(expected)
+        )),
+        (Value::Object(want), Some(Value::Object(have))) => {
+            for (key, w) in want {
+                subset_match(w, have.get(key), &format!("{path}.{key}"))?;
+            }
+            Ok(())
+        }
+        (Value::Array(want), Some(Value::Array(have))) => {
+            if want.len() != have.len() {
+                return Err(format!(
+                    "{path}: expected {} elements, got {}: {}",
+                    want.len(),
+                    have.len(),
+                    compact(&Value::Array(have.clone()))
+                ));
+            }
+            for (idx, (w, h)) in want.iter().zip(have).enumerate() {
+                subset_match(w, Some(h), &format!("{path}[{idx}]"))?;
+            }
+            Ok(())
+        }
+        (w, Some(h)) => {
+            if w == h {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{path}: expected {}, got {}",
+                    compact(w),
+                    compact(h)
+                ))
+            }
+        }
+    }
+}
+
+fn match_one(expectation: &Expectation, event: &Value) -> Result<(), String> {
+    let kind = event.get("type").and_then(Value::as_str).unwrap_or("");
+    if kind != expectation.kind {
+        return Err(format!(
+            "type: expected {:?}, got {kind:?}",
+            expectation.kind
+        ));
+    }
+    for (key, want) in &expectation.fields {
+        let root = key.clone();
+        subset_match(want, event.get(key), &root)?;
+    }
+    Ok(())
+}
+
+/// Compares `events` with `expect` in `mode`. The returned mismatch has an empty `scenario`.
+///
+/// # Errors
+/// The first difference: in `Whole` mode the first entry that differs from the event at its index,
+/// or the first missing or surplus event; in `Subsequence` mode the first entry no later event
+/// matches (with the nearest event of the same type as `actual`).
+pub fn match_log(
+    expect: &[Expectation],
+    mode: ExpectMode,
+    events: &[Event],
+) -> Result<(), Box<Mismatch>> {
+    let json: Vec<Value> = events.iter().map(event_json).collect();
+    let mismatch = |expect_idx: usize,
+                    event_idx: Option<usize>,
+                    expected: Value,
+                    detail: String|
+     -> Box<Mismatch> {
+        Box::new(Mismatch {
+            scenario: String::new(),
+            expect_idx,
+            event_idx,
+            expected,
+            actual: event_idx.and_then(|i| json.get(i).cloned()),
+            detail,
+        })
+    };
+    match mode {
+        ExpectMode::Whole => {
+            for (i, e) in expect.iter().enumerate() {
+                let Some(actual) = json.get(i) else {
+                    return Err(mismatch(
+                        i,
+                        None,
+                        e.written.clone(),
+                        format!("the log ends after {} events", json.len()),
+                    ));
+                };
+                if let Err(detail) = match_one(e, actual) {
+                    return Err(mismatch(i, Some(i), e.written.clone(), detail));
+                }
+            }
+            if json.len() > expect.len() {
+                return Err(mismatch(
+                    expect.len(),
+                    Some(expect.len()),
+                    Value::Null,
+                    format!(
+                        "the log has {} events after the last expected one",
+                        json.len() - expect.len()
+                    ),
+                ));
+            }
+            Ok(())
+        }
+        ExpectMode::Subsequence => {
+            let mut from = 0;
+            for (i, e) in expect.iter().enumerate() {
+                match (from..json.len()).find(|&j| match_one(e, &json[j]).is_ok()) {
+                    Some(j) => from = j + 1,
+                    None => {
+                        let nearest = (from..json.len()).find(|&j| {
+                            json[j].get("type").and_then(Value::as_str) == Some(e.kind.as_str())
+                        });
+                        let detail = match nearest {
+                            Some(j) => format!(
+                                "no event from index {from} on matches; the nearest {} differs: {}",
+                                e.kind,
+                                match_one(e, &json[j]).err().unwrap_or_default()
+                            ),
+                            None => format!("no {} event from index {from} on", e.kind),
+                        };
+                        return Err(mismatch(i, nearest, e.written.clone(), detail));
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn expectation(v: Value) -> Expectation {
+        parse_expect(&json!([v])).expect("valid").remove(0)
+    }
+
+    #[test]
+    fn subset_matches_objects_by_key_and_arrays_by_element() {
+        let actual = json!({"a": 1, "b": {"c": [1, {"d": 2, "e": 3}]}, "n": null});
+        assert_eq!(
+            subset_match(&json!({"b": {"c": [1, {"d": 2}]}}), Some(&actual), "data"),
+            Ok(())
+        );
+        assert_eq!(
+            subset_match(&json!({"b": {"c": [1]}}), Some(&actual), "data"),
+            Err("data.b.c: expected 1 elements, got 2: [1,{\"d\":2,\"e\":3}]".into())
+        );
+        assert_eq!(
+            subset_match(&json!({"b": {"c": [1, {"d": 5}]}}), Some(&actual), "data"),
+            Err("data.b.c[1].d: expected 5, got 2".into())
+        );
+        assert_eq!(
+            subset_match(&json!({"missing": null, "n": null}), Some(&actual), "data"),
+            Ok(())
+        );
+        assert_eq!(
+            subset_match(&json!({"x": 1}), Some(&actual), "data"),
+            Err("data.x: expected 1, got nothing".into())
+        );
+    }
+
+    #[test]
+    fn whole_mode_reports_the_first_difference_and_surplus_events() {
+        use crate::session::event::{EventData, TurnStart};
+        let events: Vec<Event> = (1..=2)
+            .map(|turn| Event {
+                seq: turn - 1,
+                time: 77,
+                data: EventData::TurnStart(TurnStart { turn }),
+                ignorable: false,
+                source_event_seqs: None,
+                surface_op: None,
+            })
+            .collect();
+        let e1 = expectation(json!({"type": "turn/start", "data": {"turn": 1}}));
+        let e2 = expectation(json!({"type": "turn/start", "data": {"turn": 3}}));
+        let m = match_log(&[e1.clone(), e2], ExpectMode::Whole, &events).expect_err("differs");
+        assert_eq!((m.expect_idx, m.event_idx), (1, Some(1)));
+        assert_eq!(m.detail, "data.turn: expected 3, got 2");
+        assert_eq!(
+            m.actual,
+            Some(json!({"type": "turn/start", "seq": 1, "time": 0, "data": {"turn": 2}}))
+        );
+        let m =
+            match_log(std::slice::from_ref(&e1), ExpectMode::Whole, &events).expect_err("surplus");
+        assert_eq!((m.expect_idx, m.event_idx), (1, Some(1)));
+        assert_eq!(match_log(&[e1], ExpectMode::Subsequence, &events), Ok(()));
+    }
+}

@@ -194,6 +194,7 @@ pub enum Effect {
     RunTurnStopping {
         ticket: u64,
         turn: u64,
+        step: u64,
     },
     /// A turn ended with this reason (for reports and `dsh run` exit codes).
     TurnEnded {
@@ -317,6 +318,9 @@ struct Attempt {
     assembler: BlockAssembler,
     /// Seqs of this attempt's `assistant/chunk` events.
     chunk_seqs: Vec<u64>,
+    /// Bytes of text, reasoning and arguments received. Invariant: at most
+    /// `Limits::assistant_bytes_max` are accepted; past it the attempt fails.
+    n_bytes: usize,
     finished: bool,
 }
 
@@ -480,6 +484,11 @@ impl AgentCore {
             Phase::Running(run) => run.turn.max(self.last_turn),
             _ => self.last_turn,
         }
+    }
+
+    /// The last entered step of the running turn (0 when idle or before the first step).
+    pub fn current_step(&self) -> u64 {
+        self.running().map_or(0, |run| run.step)
     }
 
     /// The seq the next event will get.
@@ -946,6 +955,34 @@ impl AgentCore {
         if attempt.ticket != ticket || attempt.finished {
             return;
         }
+        attempt.n_bytes += match &chunk {
+            StreamChunk::TextDelta { text, .. } | StreamChunk::ReasoningDelta { text, .. } => {
+                text.len()
+            }
+            StreamChunk::ToolCallDelta {
+                arguments_delta, ..
+            } => arguments_delta.len(),
+            _ => 0,
+        };
+        let bytes_max = self.config.limits.assistant_bytes_max;
+        let chunk = if attempt.n_bytes > bytes_max && !chunk.is_finish() {
+            // Cut the stream: the assembled message must fit in one event record.
+            self.effects.push(Effect::CancelStream { ticket });
+            StreamChunk::finish(FinishReason::Error {
+                failure: LlmFailure::new(
+                    codes::MALFORMED_RESPONSE,
+                    format!("the response exceeded {bytes_max} bytes"),
+                ),
+            })
+        } else {
+            chunk
+        };
+        let Phase::Running(run) = &mut self.phase else {
+            return;
+        };
+        let Stage::Streaming(attempt) = &mut run.stage else {
+            return;
+        };
         let is_finish = chunk.is_finish();
         attempt.assembler.push(&chunk);
         let (turn, step) = (run.turn, run.step);
@@ -1495,6 +1532,7 @@ impl AgentCore {
             model: request.config.model.clone(),
             assembler: BlockAssembler::new(),
             chunk_seqs: Vec::new(),
+            n_bytes: 0,
             finished: false,
         }));
         self.effects.push(Effect::StartStream {
@@ -1677,7 +1715,13 @@ impl AgentCore {
     fn start_next_tool(&mut self, now: i64) -> bool {
         let tools = self.tools.clone();
         let batch = self.current_batch();
-        if batch.pre_executing.is_some() || batch.checkpoint.is_some() {
+        // A result still in post-execute is part of the ready prefix: the pool refills only after
+        // that prefix committed (agent-loop.md 8.3, `commitReady` then `fillPool`), so a new
+        // `tool/call` never overtakes a result that was ready before it.
+        if batch.pre_executing.is_some()
+            || batch.checkpoint.is_some()
+            || batch.post_executing.is_some()
+        {
             return false;
         }
         let Some(idx) = batch
@@ -1688,18 +1732,7 @@ impl AgentCore {
         };
         let ticket = batch.ticket;
         let call = batch.schedule.call(idx).clone();
-        let run = self.run_mut();
-        let (turn, step) = (run.turn, run.step);
-        let seq = self.append(
-            EventDraft::log(EventData::ToolCall(ToolCallEvent {
-                turn,
-                step,
-                call_id: call.call_id.clone(),
-                name: call.name.clone(),
-                arguments: call.arguments.clone(),
-            })),
-            now,
-        );
+        let seq = self.write_tool_call(&call, now);
         let invocation = self.invocation(&call);
         let batch = self.current_batch();
         batch.call_seqs[idx] = Some(seq);
@@ -1792,10 +1825,11 @@ impl AgentCore {
         );
     }
 
-    fn write_synthetic_pair(&mut self, call: &PlannedCall, output: ToolOutput, now: i64) {
+    /// Logs the start of `call` in the current step; returns the `tool/call` seq.
+    fn write_tool_call(&mut self, call: &PlannedCall, now: i64) -> u64 {
         let run = self.run_mut();
         let (turn, step) = (run.turn, run.step);
-        let seq = self.append(
+        self.append(
             EventDraft::log(EventData::ToolCall(ToolCallEvent {
                 turn,
                 step,
@@ -1804,7 +1838,11 @@ impl AgentCore {
                 arguments: call.arguments.clone(),
             })),
             now,
-        );
+        )
+    }
+
+    fn write_synthetic_pair(&mut self, call: &PlannedCall, output: ToolOutput, now: i64) {
+        let seq = self.write_tool_call(call, now);
         self.write_tool_result(call, Some(seq), output, now);
     }
 
@@ -1878,7 +1916,8 @@ impl AgentCore {
         if stopping && self.inbox.next_step().is_empty() {
             let ticket = self.ticket();
             self.run_mut().stage = Stage::TurnStopping { ticket };
-            self.effects.push(Effect::RunTurnStopping { ticket, turn });
+            self.effects
+                .push(Effect::RunTurnStopping { ticket, turn, step });
             return;
         }
         self.run_mut().target = InboxTarget::NextStep;

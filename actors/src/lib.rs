@@ -12,6 +12,7 @@ mod llm_stream;
 pub mod observe;
 mod session_writer;
 mod tool_pool;
+pub mod tools;
 
 pub use agent::handle::{AgentHandle, InputError};
 pub use agent::msg::StatusReport;

@@ -13,6 +13,7 @@ use dsh::llm::types::{FinishReason, LlmFailure, LlmRequest, StreamChunk, codes};
 use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::agent::msg::AgentMsg;
 
@@ -66,21 +67,32 @@ impl Actor for LlmStreamActor {
                 let _ = agent.cast(AgentMsg::Chunk { ticket, chunk });
             }
             Some(provider) => {
-                let mut stream = provider.stream(request, cancel.clone());
-                loop {
-                    tokio::select! {
-                        biased;
-                        () = cancel.cancelled() => break,
-                        next = stream.next() => match next {
-                            Some(chunk) => {
-                                if agent.cast(AgentMsg::Chunk { ticket, chunk }).is_err() {
-                                    break;
+                let span = tracing::debug_span!(
+                    "llm_stream",
+                    agent = ?request.session_id,
+                    provider = %provider_name,
+                    ticket
+                );
+                let agent = agent.clone();
+                async move {
+                    let mut stream = provider.stream(request, cancel.clone());
+                    loop {
+                        tokio::select! {
+                            biased;
+                            () = cancel.cancelled() => break,
+                            next = stream.next() => match next {
+                                Some(chunk) => {
+                                    if agent.cast(AgentMsg::Chunk { ticket, chunk }).is_err() {
+                                        break;
+                                    }
                                 }
-                            }
-                            None => break,
-                        },
+                                None => break,
+                            },
+                        }
                     }
                 }
+                .instrument(span)
+                .await;
             }
         }
         let _ = agent.cast(AgentMsg::StreamEnded { ticket });

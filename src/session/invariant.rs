@@ -54,6 +54,8 @@ impl Tracker {
 
     /// Checks `event` against the trace and, if it passes, advances the trace.
     ///
+    /// Every rule is checked before anything changes, so a violation leaves the trace as it was.
+    ///
     /// # Errors
     /// The violation; the trace is unchanged.
     pub fn push(&mut self, event: &Event) -> Result<(), Violation> {
@@ -80,7 +82,6 @@ impl Tracker {
                 }),
             }
         };
-        let mut next = self.clone();
         match &event.data {
             EventData::TurnStart(t) => {
                 if let Some(open) = self.open_turn {
@@ -92,8 +93,8 @@ impl Tracker {
                 if t.turn != self.next_turn {
                     return fail(format!("expected turn {}, got {}", self.next_turn, t.turn));
                 }
-                next.open_turn = Some(t.turn);
-                next.next_step = 1;
+                self.open_turn = Some(t.turn);
+                self.next_step = 1;
             }
             EventData::TurnEnd(t) => {
                 if self.open_turn != Some(t.turn) {
@@ -108,8 +109,8 @@ impl Tracker {
                         t.turn
                     ));
                 }
-                next.open_turn = None;
-                next.next_turn = t.turn + 1;
+                self.open_turn = None;
+                self.next_turn = t.turn + 1;
             }
             EventData::StepStart(s) => {
                 if self.open_turn != Some(s.turn) {
@@ -130,13 +131,13 @@ impl Tracker {
                         self.next_step, s.turn, s.step
                     ));
                 }
-                next.open_step = Some(s.step);
+                self.open_step = Some(s.step);
             }
             EventData::StepEnd(s) => {
                 names_open_step(s.turn, s.step)?;
-                next.pending_calls.clear();
-                next.open_step = None;
-                next.next_step = s.step + 1;
+                self.pending_calls.clear();
+                self.open_step = None;
+                self.next_step = s.step + 1;
             }
             EventData::AssistantChunk(c) => names_open_step(c.turn, c.step)?,
             EventData::AssistantMessage(a) => names_open_step(a.turn, a.step)?,
@@ -144,7 +145,7 @@ impl Tracker {
             EventData::LlmRetryStarted(r) => names_open_step(r.turn, r.step)?,
             EventData::ToolCall(c) => {
                 names_open_step(c.turn, c.step)?;
-                next.pending_calls.push(c.call_id.clone());
+                self.pending_calls.push(c.call_id.clone());
             }
             EventData::ToolResult(r) => match event.surface_op {
                 Some(SurfaceOp::Replace { .. }) => {
@@ -159,9 +160,9 @@ impl Tracker {
                     let call_id = r.message.source.str_field("callId").unwrap_or("");
                     let not_started = r.error.as_ref().is_some_and(|e| e.code == TOOL_NOT_STARTED)
                         && is_error_result(r);
-                    match next.pending_calls.iter().position(|c| c == call_id) {
+                    match self.pending_calls.iter().position(|c| c == call_id) {
                         Some(i) => {
-                            next.pending_calls.remove(i);
+                            self.pending_calls.remove(i);
                         }
                         None if not_started => {}
                         None => {
@@ -186,8 +187,7 @@ impl Tracker {
             }
             _ => {}
         }
-        next.last_seq = Some(seq);
-        *self = next;
+        self.last_seq = Some(seq);
         Ok(())
     }
 }

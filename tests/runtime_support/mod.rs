@@ -177,13 +177,21 @@ impl World {
             .events
     }
 
-    /// Waits until the log holds at least `count` events of `kind`.
+    /// Waits until the log holds at least `count` events of `kind`, durably.
     pub async fn wait_for(&self, kind: &str, count: usize) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         loop {
-            let n = self.log().await.iter().filter(|e| e.kind() == kind).count();
-            if n >= count {
-                return;
+            let log = self.log().await;
+            let nth = log
+                .iter()
+                .filter(|e| e.kind() == kind)
+                .nth(count.saturating_sub(1));
+            let n = log.iter().filter(|e| e.kind() == kind).count();
+            if let Some(event) = nth {
+                let status = self.agent.status().await.expect("status");
+                if status.durable_seq > event.seq {
+                    return;
+                }
             }
             assert!(
                 tokio::time::Instant::now() < deadline,

@@ -232,6 +232,21 @@ impl AgentHandle {
         self.slot.observers.subscribe()
     }
 
+    /// Test-only: makes the agent actor panic in its message handler, as a bug would. The host
+    /// restarts it from its log (within the restart intensity).
+    ///
+    /// # Errors
+    /// `InputError` when the agent is gone.
+    #[cfg(feature = "fault-injection")]
+    pub async fn inject_panic(&self) -> Result<(), InputError> {
+        let actor = self.actor().await?;
+        actor
+            .cast(AgentMsg::Panic)
+            .map_err(|_| InputError::Interrupted {
+                id: self.id().clone(),
+            })
+    }
+
     /// Runs `task` as maintenance: only while the agent is idle; waking input that arrives meanwhile
     /// is deferred and replayed when the task ends. `task` receives the maintenance cancellation
     /// token (a `cancel` fires it).

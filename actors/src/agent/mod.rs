@@ -36,7 +36,7 @@ use dsh::turn::{AgentCore, Effect, LiveEvent, ProviderFacts};
 use futures::FutureExt;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, warn};
 
 use crate::host::Runtime;
 use crate::llm_stream::{LlmStreamActor, LlmStreamArgs};
@@ -165,6 +165,25 @@ impl AgentActor {
         })
     }
 
+    /// Reads the agent's log back from the store on a task and reports it with `report`.
+    fn read_log_back(
+        &self,
+        state: &AgentState,
+        report: impl FnOnce(Result<Vec<Event>, String>) -> AgentMsg + Send + 'static,
+    ) {
+        let store = Arc::clone(&self.runtime.store);
+        let id = state.id().clone();
+        let myself = state.myself.clone();
+        tokio::spawn(async move {
+            let result = store
+                .load(&id)
+                .await
+                .map(|loaded| loaded.events)
+                .map_err(|e| e.to_string());
+            let _ = myself.cast(report(result));
+        });
+    }
+
     /// Executes the core's effects until none are left.
     async fn run_effects(&self, state: &mut AgentState) -> Result<(), ActorProcessingErr> {
         loop {
@@ -197,17 +216,7 @@ impl AgentActor {
             Effect::NewCancelToken => state.token = CancellationToken::new(),
             Effect::CancelToken => state.token.cancel(),
             Effect::LoadLog { ticket } => {
-                let store = Arc::clone(&self.runtime.store);
-                let id = state.id().clone();
-                let myself = state.myself.clone();
-                tokio::spawn(async move {
-                    let result = store
-                        .load(&id)
-                        .await
-                        .map(|loaded| loaded.events)
-                        .map_err(|e| e.to_string());
-                    let _ = myself.cast(AgentMsg::LogLoaded { ticket, result });
-                });
+                self.read_log_back(state, move |result| AgentMsg::LogLoaded { ticket, result });
             }
             Effect::RunPreStep {
                 ticket,
@@ -460,14 +469,14 @@ impl AgentActor {
                     );
                 }
             }
-            Effect::RunTurnStopping { ticket, turn } => {
+            Effect::RunTurnStopping { ticket, turn, step } => {
                 if self.hooks.turn_stopping.is_empty() {
                     state
                         .core
                         .on_turn_stopping(ticket, Ok(TurnStoppingAction::default()), now);
                 } else {
                     let hooks = self.hooks.turn_stopping.clone();
-                    let ctx = self.hook_ctx(state, turn, state.core.last_turn());
+                    let ctx = self.hook_ctx(state, turn, step);
                     spawn_hook(
                         &state.myself,
                         async move {
@@ -605,13 +614,15 @@ impl AgentActor {
         warn!(agent = %state.id(), %reason, "agent refuses input");
         state.failed = Some(reason.clone());
         let id = state.id().clone();
+        // The slot first: a caller woken by the failed acknowledgement below must find the agent
+        // failed on its next call, not a stopping actor that drops the request (`Interrupted`).
+        self.slot.set(SlotState::Failed(reason.clone()));
         for ack in state.acks.drain(..) {
             (ack.send)(Err(InputError::Failed {
                 id: id.clone(),
                 reason: reason.clone(),
             }));
         }
-        self.slot.set(SlotState::Failed(reason.clone()));
         self.publish(Observed::Failed { agent: id, reason });
         state.myself.stop(Some("failed".into()));
     }
@@ -648,42 +659,27 @@ impl AgentActor {
     }
 }
 
-impl Actor for AgentActor {
-    type Msg = AgentMsg;
-    type State = AgentState;
-    type Arguments = AgentArgs;
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<AgentMsg>,
-        args: AgentArgs,
-    ) -> Result<AgentState, ActorProcessingErr> {
-        Ok(AgentState {
-            core: args.core,
-            myself,
-            writer: None,
-            pool: None,
-            stream: None,
-            token: CancellationToken::new(),
-            timer: None,
-            acks: VecDeque::new(),
-            idle_waiters: Vec::new(),
-            publishing: VecDeque::new(),
-            failed: None,
-            last_activity: Instant::now(),
-            hibernate_armed: false,
-        })
+impl AgentActor {
+    async fn stop_children(state: &mut AgentState) -> Result<(), ActorProcessingErr> {
+        // Streams and tools stop first, then the writer is drained so every event handed to it is
+        // written; nothing new arrives since this actor no longer runs.
+        if let Some((_, actor, cancel)) = state.stream.take() {
+            cancel.cancel();
+            actor.stop(None);
+        }
+        if let Some(pool) = state.pool.take() {
+            pool.stop(None);
+        }
+        if let Some((_, t)) = state.timer.take() {
+            t.abort();
+        }
+        if let Some(w) = state.writer.take() {
+            let _ = w.drain_and_wait(Some(Duration::from_secs(30))).await;
+        }
+        Ok(())
     }
 
-    async fn post_start(
-        &self,
-        _myself: ActorRef<AgentMsg>,
-        state: &mut AgentState,
-    ) -> Result<(), ActorProcessingErr> {
-        self.settle(state).await
-    }
-
-    async fn handle(
+    async fn handle_msg(
         &self,
         _myself: ActorRef<AgentMsg>,
         msg: AgentMsg,
@@ -763,19 +759,10 @@ impl Actor for AgentActor {
             AgentMsg::Subscribe { reply } => deliver(reply, self.slot.observers.subscribe()),
             AgentMsg::Log { reply } => match state.core.session() {
                 Some(session) => deliver(reply, Ok(session.events().to_vec())),
-                None => {
-                    let store = Arc::clone(&self.runtime.store);
-                    let id = state.id().clone();
-                    let myself = state.myself.clone();
-                    tokio::spawn(async move {
-                        let result = store
-                            .load(&id)
-                            .await
-                            .map(|l| l.events)
-                            .map_err(|e| e.to_string());
-                        let _ = myself.cast(AgentMsg::LogReadForCaller { result, reply });
-                    });
-                }
+                None => self.read_log_back(state, move |result| AgentMsg::LogReadForCaller {
+                    result,
+                    reply,
+                }),
             },
             AgentMsg::LogReadForCaller { result, reply } => {
                 let id = state.id().clone();
@@ -831,6 +818,8 @@ impl Actor for AgentActor {
             AgentMsg::TurnStoppingDone { ticket, result } => {
                 state.core.on_turn_stopping(ticket, result, now);
             }
+            #[cfg(feature = "fault-injection")]
+            AgentMsg::Panic => panic!("agent {}: injected fault", state.id()),
             AgentMsg::HibernateCheck { .. } => {
                 state.hibernate_armed = false;
                 let after = self.runtime.config.hibernate_after.unwrap_or(Duration::MAX);
@@ -853,7 +842,7 @@ impl Actor for AgentActor {
         self.settle(state).await
     }
 
-    async fn handle_supervisor_evt(
+    async fn on_supervision(
         &self,
         _myself: ActorRef<AgentMsg>,
         event: SupervisionEvent,
@@ -899,27 +888,75 @@ impl Actor for AgentActor {
         }
         self.settle(state).await
     }
+}
+
+impl Actor for AgentActor {
+    type Msg = AgentMsg;
+    type State = AgentState;
+    type Arguments = AgentArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<AgentMsg>,
+        args: AgentArgs,
+    ) -> Result<AgentState, ActorProcessingErr> {
+        Ok(AgentState {
+            core: args.core,
+            myself,
+            writer: None,
+            pool: None,
+            stream: None,
+            token: CancellationToken::new(),
+            timer: None,
+            acks: VecDeque::new(),
+            idle_waiters: Vec::new(),
+            publishing: VecDeque::new(),
+            failed: None,
+            last_activity: Instant::now(),
+            hibernate_armed: false,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        _myself: ActorRef<AgentMsg>,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
+        Box::pin(self.settle(state)).await
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<AgentMsg>,
+        msg: AgentMsg,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Boxed so the actor's task holds a pointer instead of the largest handler state machine:
+        // an idle (hibernated) agent then costs only its mailbox and state.
+        let span = tracing::debug_span!(
+            "agent",
+            agent = %state.core.id(),
+            turn = state.core.last_turn(),
+            step = state.core.current_step()
+        );
+        Box::pin(self.handle_msg(myself, msg, state).instrument(span)).await
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<AgentMsg>,
+        event: SupervisionEvent,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
+        let span = tracing::debug_span!("agent", agent = %state.core.id());
+        Box::pin(self.on_supervision(myself, event, state).instrument(span)).await
+    }
 
     async fn post_stop(
         &self,
         _myself: ActorRef<AgentMsg>,
         state: &mut AgentState,
     ) -> Result<(), ActorProcessingErr> {
-        // Streams and tools stop first, then the writer is drained so every event handed to it is
-        // written; nothing new arrives since this actor no longer runs.
-        if let Some((_, actor, cancel)) = state.stream.take() {
-            cancel.cancel();
-            actor.stop(None);
-        }
-        if let Some(pool) = state.pool.take() {
-            pool.stop(None);
-        }
-        if let Some((_, t)) = state.timer.take() {
-            t.abort();
-        }
-        if let Some(w) = state.writer.take() {
-            let _ = w.drain_and_wait(Some(Duration::from_secs(30))).await;
-        }
-        Ok(())
+        Box::pin(Self::stop_children(state)).await
     }
 }

@@ -145,4 +145,7 @@ pub enum AgentMsg {
     HibernateCheck {
         epoch: u64,
     },
+    /// Test-only: make the agent actor fail as a bug would.
+    #[cfg(feature = "fault-injection")]
+    Panic,
 }

@@ -1,8 +1,33 @@
 //! Configuration: flags over environment over `dsh.toml` over defaults, resolved once; and
 //! `CliError`, the one-line failure every subcommand reports.
+//!
+//! clap has already merged each flag with its environment variable (`--data-dir` / `DSH_DATA_DIR`,
+//! ...). `Config::resolve` fills what is still unset from the configuration file — `--config FILE`
+//! (`DSH_CONFIG`), else `./dsh.toml` when it exists — and then from the defaults. The file is read
+//! strictly: an unknown key or a value of the wrong type is an error naming the key, never ignored,
+//! because a typo in a key would otherwise silently change nothing. A relative `data_dir` in the file
+//! is taken relative to the file's directory.
+//!
+//! Keys of `dsh.toml` (all optional):
+//!
+//! | key | type | meaning |
+//! |---|---|---|
+//! | `data_dir` | string | where the store lives (default `./.dsh`) |
+//! | `provider` | string | `openai` (default), `sim` or `script` |
+//! | `base_url` | string | OpenAI-compatible endpoint (default DeepSeek's) |
+//! | `model` | string | model id |
+//! | `max_tokens` | integer ≥ 1 | output cap per request |
+//! | `system` | string | the system prompt |
+//! | `shell` | boolean | give the model the `shell` tool (default false) |
+//! | `[sim]` | table | the simulated model (`dsh::llm::sim::SimConfig`: `seed`, `ttft_ms`, `tokens_per_sec`, `reply_tokens_min`, `reply_tokens_max`, `tool_call_probability`, `max_tool_steps`, `reasoning`) |
+//! | `[openai]` | table | `connect_timeout_ms`, `idle_timeout_ms` |
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use dsh::llm::openai::TIMEOUT_MS_MAX;
+use dsh::llm::sim::{SimConfig, SimProvider};
+use serde::Deserialize;
 
 use crate::cli::GlobalArgs;
 
@@ -15,6 +40,9 @@ pub enum CliError {
     Config { path: PathBuf, reason: String },
     #[error("{0}")]
     Failed(String),
+    /// The reader of stdout went away (`dsh show ID | head`): not a failure, nothing to print.
+    #[error("the output was closed")]
+    OutputClosed,
 }
 
 impl CliError {
@@ -22,33 +50,347 @@ impl CliError {
         match self {
             CliError::Usage(_) | CliError::Config { .. } => ExitCode::from(64),
             CliError::Failed(_) => ExitCode::FAILURE,
+            CliError::OutputClosed => ExitCode::SUCCESS,
         }
     }
+
+    /// A failure to write the command's output: `OutputClosed` for a closed pipe, else `Failed`.
+    pub fn output(what: &str, e: std::io::Error) -> CliError {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            CliError::OutputClosed
+        } else {
+            CliError::Failed(format!("{what}: {e}"))
+        }
+    }
+}
+
+/// The providers the command line can build.
+pub const PROVIDERS: [&str; 3] = ["openai", "sim", "script"];
+
+/// The configuration file read when `--config` is not given (in the working directory).
+pub const CONFIG_FILE_NAME: &str = "dsh.toml";
+
+/// Timeouts of the `openai` provider (`[openai]` in `dsh.toml`); `None` keeps the provider's default.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiTimeouts {
+    pub connect_timeout_ms: Option<u64>,
+    pub idle_timeout_ms: Option<u64>,
 }
 
 /// The resolved configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub data_dir: PathBuf,
+    /// `None`: the default, `openai`. Invariant: when set, one of `PROVIDERS`.
     pub provider: Option<String>,
     pub base_url: Option<String>,
     pub model: Option<String>,
+    /// Output cap per request from `dsh.toml` (a `--max-tokens` flag overrides it).
+    pub max_tokens: Option<u64>,
+    /// System prompt from `dsh.toml` (a `--system` flag overrides it).
+    pub system: Option<String>,
+    /// `shell = true` in `dsh.toml` (`--shell` also enables it).
+    pub shell: bool,
+    /// The simulated model; validated.
+    pub sim: SimConfig,
+    pub openai: OpenAiTimeouts,
+    /// The configuration file that was read, if any.
+    pub file: Option<PathBuf>,
 }
 
+/// What `dsh.toml` held, every key optional.
+#[derive(Debug, Default)]
+struct FileConfig {
+    data_dir: Option<PathBuf>,
+    provider: Option<String>,
+    base_url: Option<String>,
+    model: Option<String>,
+    max_tokens: Option<u64>,
+    system: Option<String>,
+    shell: Option<bool>,
+    sim: Option<SimConfig>,
+    openai: Option<OpenAiTimeouts>,
+}
+
+const KEYS: [&str; 9] = [
+    "data_dir",
+    "provider",
+    "base_url",
+    "model",
+    "max_tokens",
+    "system",
+    "shell",
+    "sim",
+    "openai",
+];
+
 impl Config {
-    /// Resolves flags and environment (parsed by clap) over `dsh.toml`.
+    /// Resolves flags and environment (parsed by clap) over `dsh.toml` over defaults.
     ///
     /// # Errors
-    /// `CliError::Config` when the configuration file is unreadable or malformed.
+    /// `CliError::Config` when the configuration file is unreadable or malformed (naming the key);
+    /// `CliError::Usage` for an unknown provider given by flag or environment.
     pub fn resolve(global: &GlobalArgs) -> Result<Config, CliError> {
+        let (file_path, explicit) = match &global.config {
+            Some(p) => (Some(p.clone()), true),
+            None => {
+                let p = PathBuf::from(CONFIG_FILE_NAME);
+                (p.is_file().then_some(p), false)
+            }
+        };
+        let file = match &file_path {
+            Some(path) => read_file(path, explicit)?,
+            None => FileConfig::default(),
+        };
+        let flag = |v: &Option<String>| v.clone().filter(|s| !s.trim().is_empty());
+        let provider = flag(&global.provider).or(file.provider);
+        if let Some(p) = &provider
+            && !PROVIDERS.contains(&p.as_str())
+        {
+            return Err(CliError::Usage(format!(
+                "unknown provider `{p}`: expected openai, sim or script"
+            )));
+        }
+        let data_dir = global
+            .data_dir
+            .clone()
+            .filter(|p| !p.as_os_str().is_empty())
+            .or(file.data_dir)
+            .unwrap_or_else(|| PathBuf::from(".dsh"));
         Ok(Config {
-            data_dir: global
-                .data_dir
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(".dsh")),
-            provider: global.provider.clone(),
-            base_url: global.base_url.clone(),
-            model: global.model.clone(),
+            data_dir,
+            provider,
+            base_url: flag(&global.base_url).or(file.base_url),
+            model: flag(&global.model).or(file.model),
+            max_tokens: file.max_tokens,
+            system: file.system,
+            shell: file.shell.unwrap_or(false),
+            sim: file.sim.unwrap_or_default(),
+            openai: file.openai.unwrap_or_default(),
+            file: file_path,
         })
+    }
+
+    /// The provider in force: the configured one or `openai`.
+    pub fn provider_name(&self) -> &str {
+        self.provider.as_deref().unwrap_or("openai")
+    }
+}
+
+fn read_file(path: &Path, explicit: bool) -> Result<FileConfig, CliError> {
+    let fail = |reason: String| CliError::Config {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        if explicit && e.kind() == std::io::ErrorKind::NotFound {
+            fail("no such file".to_string())
+        } else {
+            fail(format!("cannot read it: {e}"))
+        }
+    })?;
+    let base = path.parent().unwrap_or(Path::new(""));
+    parse(&text, base).map_err(fail)
+}
+
+/// Parses the text of a configuration file; relative paths are taken relative to `base`.
+fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
+    let table: toml::Table = toml::from_str(text).map_err(|e| {
+        let message = one_line(e.message());
+        match e.span() {
+            Some(span) => {
+                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                format!("line {line}: {message}")
+            }
+            None => message,
+        }
+    })?;
+    let mut out = FileConfig::default();
+    for (key, value) in table {
+        let bad = |expected: &str, value: &toml::Value| {
+            format!("key `{key}`: expected {expected}, got {}", value.type_str())
+        };
+        match key.as_str() {
+            "data_dir" => {
+                let s =
+                    non_empty_string(&value).ok_or_else(|| bad("a non-empty string", &value))?;
+                out.data_dir = Some(base.join(s));
+            }
+            "provider" => {
+                let s = non_empty_string(&value).ok_or_else(|| bad("a string", &value))?;
+                if !PROVIDERS.contains(&s) {
+                    return Err(format!(
+                        "key `provider`: unknown provider `{s}`: expected openai, sim or script"
+                    ));
+                }
+                out.provider = Some(s.to_string());
+            }
+            "base_url" => {
+                let s =
+                    non_empty_string(&value).ok_or_else(|| bad("a non-empty string", &value))?;
+                out.base_url = Some(s.to_string());
+            }
+            "model" => {
+                let s =
+                    non_empty_string(&value).ok_or_else(|| bad("a non-empty string", &value))?;
+                out.model = Some(s.to_string());
+            }
+            "max_tokens" => {
+                let n = value
+                    .as_integer()
+                    .and_then(|n| u64::try_from(n).ok())
+                    .filter(|&n| n >= 1)
+                    .ok_or_else(|| bad("a positive integer", &value))?;
+                out.max_tokens = Some(n);
+            }
+            "system" => {
+                let s = value.as_str().ok_or_else(|| bad("a string", &value))?;
+                out.system = Some(s.to_string());
+            }
+            "shell" => {
+                let b = value.as_bool().ok_or_else(|| bad("a boolean", &value))?;
+                out.shell = Some(b);
+            }
+            "sim" => {
+                if !value.is_table() {
+                    return Err(bad("a table", &value));
+                }
+                let sim: SimConfig = value
+                    .try_into()
+                    .map_err(|e| format!("key `sim`: {}", one_line(e.message())))?;
+                SimProvider::new(sim.clone()).map_err(|e| format!("key `sim`: {e}"))?;
+                out.sim = Some(sim);
+            }
+            "openai" => {
+                if !value.is_table() {
+                    return Err(bad("a table", &value));
+                }
+                let openai: OpenAiTimeouts = value
+                    .try_into()
+                    .map_err(|e| format!("key `openai`: {}", one_line(e.message())))?;
+                for (name, ms) in [
+                    ("connect_timeout_ms", openai.connect_timeout_ms),
+                    ("idle_timeout_ms", openai.idle_timeout_ms),
+                ] {
+                    if let Some(ms) = ms
+                        && (ms == 0 || ms > TIMEOUT_MS_MAX)
+                    {
+                        return Err(format!(
+                            "key `openai.{name}`: {ms} is out of range 1..={TIMEOUT_MS_MAX}"
+                        ));
+                    }
+                }
+                out.openai = Some(openai);
+            }
+            other => {
+                return Err(format!(
+                    "unknown key `{other}` (known keys: {})",
+                    KEYS.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn non_empty_string(value: &toml::Value) -> Option<&str> {
+    value.as_str().filter(|s| !s.trim().is_empty())
+}
+
+fn one_line(s: &str) -> String {
+    s.trim().replace('\n', " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(text: &str) -> Result<FileConfig, String> {
+        parse(text, Path::new("/cfg"))
+    }
+
+    #[test]
+    fn every_key_is_read() {
+        let c = parsed(
+            r#"
+data_dir = "state"
+provider = "sim"
+base_url = "http://127.0.0.1:9"
+model = "m"
+max_tokens = 100
+system = "be brief"
+shell = true
+[sim]
+seed = 7
+ttft_ms = 0
+[openai]
+idle_timeout_ms = 5000
+"#,
+        )
+        .expect("valid config");
+        assert_eq!(c.data_dir, Some(PathBuf::from("/cfg/state")));
+        assert_eq!(c.provider.as_deref(), Some("sim"));
+        assert_eq!(c.base_url.as_deref(), Some("http://127.0.0.1:9"));
+        assert_eq!(c.model.as_deref(), Some("m"));
+        assert_eq!(c.max_tokens, Some(100));
+        assert_eq!(c.system.as_deref(), Some("be brief"));
+        assert_eq!(c.shell, Some(true));
+        let sim = c.sim.expect("sim");
+        assert_eq!((sim.seed, sim.ttft_ms), (7, 0));
+        assert_eq!(sim.tokens_per_sec, SimConfig::default().tokens_per_sec);
+        assert_eq!(
+            c.openai,
+            Some(OpenAiTimeouts {
+                connect_timeout_ms: None,
+                idle_timeout_ms: Some(5000)
+            })
+        );
+        let abs = parsed("data_dir = \"/abs\"").expect("valid");
+        assert_eq!(abs.data_dir, Some(PathBuf::from("/abs")));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            (
+                "modle = \"x\"",
+                "unknown key `modle` (known keys: data_dir, provider, base_url, model, max_tokens, system, shell, sim, openai)",
+            ),
+            (
+                "max_tokens = \"ten\"",
+                "key `max_tokens`: expected a positive integer, got string",
+            ),
+            (
+                "max_tokens = 0",
+                "key `max_tokens`: expected a positive integer, got integer",
+            ),
+            ("shell = 1", "key `shell`: expected a boolean, got integer"),
+            (
+                "provider = \"gpt\"",
+                "key `provider`: unknown provider `gpt`: expected openai, sim or script",
+            ),
+            (
+                "data_dir = \"\"",
+                "key `data_dir`: expected a non-empty string, got string",
+            ),
+            ("sim = 3", "key `sim`: expected a table, got integer"),
+            (
+                "[openai]\nidle_timeout_ms = 0",
+                "key `openai.idle_timeout_ms`: 0 is out of range 1..=2147483647",
+            ),
+            (
+                "[sim]\nreply_tokens_min = 9\nreply_tokens_max = 2",
+                "key `sim`: reply_tokens_min 9 is above reply_tokens_max 2",
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parsed(text).err().as_deref(), Some(want), "{text}");
+        }
+        let err = parsed("[sim]\nsed = 1").expect_err("unknown sim key");
+        assert!(err.starts_with("key `sim`: unknown field `sed`"), "{err}");
+        let err = parsed("model = \"a\"\nthis is not toml").expect_err("syntax");
+        assert!(err.starts_with("line 2: "), "{err}");
+        assert!(!err.contains('\n'), "{err}");
     }
 }

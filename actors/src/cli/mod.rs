@@ -5,8 +5,18 @@
 //! over defaults) and dispatches. Every subcommand returns `Result<ExitCode, CliError>`; an error is
 //! printed as one line (`dsh: <message>`) and exits 1, unless the subcommand chose another code.
 
+mod chat;
+mod check;
 pub mod config;
+mod live;
+pub mod render;
+pub mod run;
+pub mod scenario;
+mod sessions;
+mod show;
 pub mod sim;
+mod stored;
+mod transfer;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -131,6 +141,15 @@ pub struct ChatArgs {
     /// Allow the model to run shell commands (off by default).
     #[arg(long)]
     pub shell: bool,
+    /// Replay this file (a JSON array of scenario `model` entries) with the script provider.
+    #[arg(long, value_name = "FILE")]
+    pub script: Option<PathBuf>,
+    /// Output cap per model request, in tokens.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_tokens: Option<u64>,
+    /// The system prompt.
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -143,6 +162,15 @@ pub struct RunArgs {
     /// Allow the model to run shell commands (off by default).
     #[arg(long)]
     pub shell: bool,
+    /// Replay this file (a JSON array of scenario `model` entries) with the script provider.
+    #[arg(long, value_name = "FILE")]
+    pub script: Option<PathBuf>,
+    /// Output cap per model request, in tokens.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_tokens: Option<u64>,
+    /// The system prompt.
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -222,6 +250,7 @@ pub fn main(cli: Cli) -> ExitCode {
     });
     match result {
         Ok(code) => code,
+        Err(CliError::OutputClosed) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("dsh: {e}");
             e.exit_code()
@@ -230,16 +259,17 @@ pub fn main(cli: Cli) -> ExitCode {
 }
 
 async fn dispatch(command: Command, config: Config) -> Result<ExitCode, CliError> {
-    let _ = &config;
     match command {
+        Command::Chat(args) => chat::run(args, config).await,
+        Command::Run(args) => run::run(args, config).await,
+        Command::Sessions(args) => sessions::run(args, config).await,
+        Command::Show(args) => show::run(args, config).await,
+        Command::Check(args) => check::run(args, config).await,
+        Command::Export(args) => transfer::export_cmd(args, config).await,
+        Command::Import(args) => transfer::import_cmd(args, config).await,
+        Command::Scenario(ScenarioArgs {
+            command: ScenarioCommand::Run { check, files },
+        }) => scenario::run_files(check, &files).await,
         Command::Sim(args) => sim::run(&args, &config, &mut std::io::stdout()).await,
-        Command::Chat(_)
-        | Command::Run(_)
-        | Command::Sessions(_)
-        | Command::Show(_)
-        | Command::Check(_)
-        | Command::Export(_)
-        | Command::Import(_)
-        | Command::Scenario(_) => Err(CliError::Usage("this subcommand is not built yet".into())),
     }
 }

@@ -125,8 +125,6 @@ pub enum SimError {
     Io { path: PathBuf, cause: String },
     #[error("a simulation task failed: {0}")]
     Task(String),
-    #[error("cannot write the report: {0}")]
-    Output(String),
 }
 
 impl From<SimError> for CliError {
@@ -520,7 +518,7 @@ fn store_name(store: StoreChoice) -> &'static str {
 ///
 /// # Errors
 /// `CliError::Usage` for a flag out of range (nothing created), `CliError::Failed` when the store,
-/// the host or an agent failed, or the report cannot be written.
+/// the host or an agent failed, or the report cannot be written (`OutputClosed` for a closed pipe).
 pub async fn run(
     args: &SimArgs,
     config: &Config,
@@ -533,15 +531,14 @@ pub async fn run(
     let report = report?;
     let written = if args.json {
         serde_json::to_writer(&mut *out, &report)
-            .map_err(|e| SimError::Output(e.to_string()))
-            .and_then(|()| writeln!(out).map_err(|e| SimError::Output(e.to_string())))
+            .map_err(std::io::Error::from)
+            .and_then(|()| writeln!(out))
     } else {
-        report
-            .render(out)
-            .map_err(|e| SimError::Output(e.to_string()))
+        report.render(out)
     };
-    written?;
-    out.flush().map_err(|e| SimError::Output(e.to_string()))?;
+    written
+        .and_then(|()| out.flush())
+        .map_err(|e| CliError::output("cannot write the report", e))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,0 +1,163 @@
+//! Reading stored sessions for the commands that only look (`sessions`, `show`, `check`, `export`):
+//! open the store only if one exists, and read a target that is either a session id or a file of
+//! DSH v0 JSON lines. Nothing here writes: sessions are read with `SessionStore::inspect` (never
+//! `load`, which would append repair closers) and a missing data directory is not created.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+
+use dsh::SessionId;
+use dsh::limits::Limits;
+use dsh::session::Event;
+use dsh::session::event::SessionHeader;
+use dsh::session::invariant;
+use dsh::session::repair::interrupted_turn_closers;
+use dsh::session::store::jsonl::{ImportOptions, import_with};
+use dsh::session::store::sqlite::{DB_FILE_NAME, SqliteConfig, SqliteStore};
+use dsh::session::store::{SessionStore, StoreError};
+
+use crate::cli::{CliError, Config};
+
+/// Opens the store in the configured data directory if one is there; `None` when there is none (so
+/// a read-only command leaves no directory behind).
+///
+/// # Errors
+/// `CliError::Failed` when a store is there but cannot be opened.
+pub fn open_existing(config: &Config) -> Result<Option<SqliteStore>, CliError> {
+    if !config.data_dir.join(DB_FILE_NAME).is_file() {
+        if config.data_dir.exists() && !config.data_dir.is_dir() {
+            return Err(CliError::Failed(format!(
+                "the data directory {} is not a directory",
+                config.data_dir.display()
+            )));
+        }
+        return Ok(None);
+    }
+    open(config).map(Some)
+}
+
+/// Opens (creating if needed) the store in the configured data directory.
+///
+/// # Errors
+/// `CliError::Failed` when the store cannot be opened.
+pub fn open(config: &Config) -> Result<SqliteStore, CliError> {
+    SqliteStore::open(&config.data_dir, SqliteConfig::default()).map_err(|e| {
+        CliError::Failed(format!(
+            "cannot open the store in {}: {e}",
+            config.data_dir.display()
+        ))
+    })
+}
+
+/// Closes a store, reporting a failure as a `CliError`.
+///
+/// # Errors
+/// `CliError::Failed` when the store did not close cleanly.
+pub async fn close(store: SqliteStore) -> Result<(), CliError> {
+    store
+        .close()
+        .await
+        .map_err(|e| CliError::Failed(format!("closing the store: {e}")))
+}
+
+/// A session read for inspection, from the store or from a file.
+#[derive(Debug)]
+pub struct Inspected {
+    pub header: SessionHeader,
+    /// The valid prefix of the log.
+    pub events: Vec<Event>,
+    /// The closers a load would append to an open last turn.
+    pub closers: Vec<Event>,
+    /// What a load (or the import) cuts after the last committed record, described.
+    pub torn_tail: Option<String>,
+    /// Legacy shapes converted while reading a file.
+    pub conversions: Vec<String>,
+    /// Where it came from, for messages: `session ID` or `FILE`.
+    pub origin: String,
+}
+
+/// Reads `target`: an existing file of JSON lines, else a session id in the store.
+///
+/// # Errors
+/// `CliError::Failed` naming the file line or the seq when the log is invalid; when `target` is
+/// neither a file nor a stored session.
+pub async fn inspect_target(config: &Config, target: &str) -> Result<Inspected, CliError> {
+    let path = Path::new(target);
+    if path.is_file() {
+        return inspect_file(path);
+    }
+    let id = SessionId::new(target).map_err(|e| {
+        if target.contains('/') || target.ends_with(".jsonl") {
+            CliError::Failed(format!("{target}: no such file"))
+        } else {
+            CliError::Failed(format!(
+                "{target:?} is neither a file nor a valid session id ({e})"
+            ))
+        }
+    })?;
+    let store = open_existing(config)?.ok_or_else(|| {
+        CliError::Failed(format!(
+            "session {id} not found (no store in {})",
+            config.data_dir.display()
+        ))
+    })?;
+    let inspected = inspect_stored(&store, &id).await;
+    close(store).await?;
+    inspected
+}
+
+/// Reads session `id` from `store` without writing.
+///
+/// # Errors
+/// `CliError::Failed` for an unknown or invalid session.
+pub async fn inspect_stored(store: &SqliteStore, id: &SessionId) -> Result<Inspected, CliError> {
+    let inspection = store.inspect(id).await.map_err(|e| match e {
+        StoreError::NotFound { id } => CliError::Failed(format!("session {id} not found")),
+        e => CliError::Failed(format!("invalid: {e}")),
+    })?;
+    invariant::check(&inspection.events)
+        .map_err(|v| CliError::Failed(format!("invalid: session {id}: {v}")))?;
+    Ok(Inspected {
+        header: inspection.header,
+        events: inspection.events,
+        closers: inspection.closers,
+        torn_tail: inspection
+            .torn_tail
+            .map(|(seq, reason)| format!("from seq {seq}: {reason}")),
+        conversions: Vec::new(),
+        origin: format!("session {id}"),
+    })
+}
+
+/// Reads a file of DSH v0 JSON lines without writing anything.
+///
+/// # Errors
+/// `CliError::Failed` when the file cannot be read or is not a valid log.
+pub fn inspect_file(path: &Path) -> Result<Inspected, CliError> {
+    let file =
+        File::open(path).map_err(|e| CliError::Failed(format!("{}: {e}", path.display())))?;
+    let imported = import_with(
+        &mut BufReader::new(file),
+        &Limits::DEFAULT,
+        &ImportOptions::default(),
+    )
+    .map_err(|e| CliError::Failed(format!("invalid: {}: {e}", path.display())))?;
+    let closers = interrupted_turn_closers(&imported.events);
+    Ok(Inspected {
+        header: imported.header,
+        events: imported.events,
+        closers,
+        torn_tail: imported.torn_tail.map(|t| {
+            format!(
+                "from line {}: {} ({} line{})",
+                t.line,
+                t.reason,
+                t.n_lines,
+                if t.n_lines == 1 { "" } else { "s" }
+            )
+        }),
+        conversions: imported.conversions,
+        origin: path.display().to_string(),
+    })
+}

@@ -1,0 +1,135 @@
+//! Idle memory: 10,000 agents, each with a history, hibernated; reports bytes per hibernated agent
+//! (process RSS delta / count). The goal is at most 16 KiB (SPEC §12), independent of history length.
+//!
+//! The figure is printed (`cargo test --release --test memory -- --nocapture` for the number that
+//! matters: debug builds carry larger futures). The assertion is only a loose regression bound, because
+//! RSS on a shared machine is not an exact measure.
+
+mod runtime_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dsh::llm::provider::ProviderRegistry;
+use dsh::llm::sim::{SimConfig, SimProvider};
+use dsh::session::store::SessionStore;
+use dsh::session::store::sqlite::{SqliteConfig, SqliteStore};
+use dsh::turn::AgentConfig;
+use dsh_actors::{AgentHandle, AgentSpec, Host, HostConfig};
+use runtime_support::user;
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+unsafe extern "C" {
+    fn malloc_trim(pad: usize) -> std::os::raw::c_int;
+}
+
+/// Returns freed heap to the OS so RSS shows live memory, not what the allocator kept after the
+/// turns' transient logs were dropped.
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` has no preconditions; it only releases free memory at the top of each
+    // arena and is safe to call from any thread at any time.
+    unsafe {
+        malloc_trim(0);
+    }
+}
+
+fn rss_bytes() -> u64 {
+    trim_heap();
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+async fn hibernated(agent: &AgentHandle) -> bool {
+    agent.status().await.map(|s| s.hibernated).unwrap_or(false)
+}
+
+/// Creates `n` agents that each run `turns` turns, in batches, and waits until all hibernated.
+/// Returns the handles (kept alive) and the RSS growth.
+async fn populate(host: &Host, n: usize, turns: usize) -> (Vec<AgentHandle>, u64) {
+    let before = rss_bytes();
+    let mut agents = Vec::with_capacity(n);
+    for batch in 0..n.div_ceil(500) {
+        let mut fresh = Vec::new();
+        for _ in 0..500.min(n - batch * 500) {
+            fresh.push(
+                host.create(AgentSpec::new(AgentConfig::new("sim", "sim-1")))
+                    .await
+                    .expect("agent created"),
+            );
+        }
+        for _ in 0..turns {
+            let sends = fresh.iter().map(|a| a.followup(user("hello")));
+            for r in futures::future::join_all(sends).await {
+                r.expect("followup acked");
+            }
+            for r in futures::future::join_all(fresh.iter().map(|a| a.when_idle())).await {
+                r.expect("idle");
+            }
+        }
+        for a in &fresh {
+            while !hibernated(a).await {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        agents.extend(fresh);
+    }
+    let after = rss_bytes();
+    (agents, after.saturating_sub(before))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_hibernated_agents_stay_small() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Arc::new(SqliteStore::open(dir.path(), SqliteConfig::default()).expect("store"));
+    // The simulated model keeps nothing per request (the scripted one records every request).
+    let sim = SimConfig {
+        reply_tokens_min: 8,
+        reply_tokens_max: 8,
+        ..SimConfig::instant(3)
+    };
+    let mut providers = ProviderRegistry::new();
+    providers.register(Arc::new(SimProvider::new(sim).expect("sim config")));
+    let config = HostConfig {
+        hibernate_after: Some(Duration::from_millis(1)),
+        ..HostConfig::default()
+    };
+    let host = Host::builder(Arc::clone(&store) as Arc<dyn SessionStore>)
+        .providers(providers)
+        .config(config)
+        .start()
+        .await
+        .expect("host");
+    // Warm up allocator arenas and the runtime so the measured delta is the agents'.
+    let (warm, _) = populate(&host, 500, 1).await;
+    drop(warm);
+
+    let n = 10_000;
+    let (agents, grown) = populate(&host, n, 1).await;
+    let per_agent = grown / n as u64;
+    println!(
+        "{n} hibernated agents with 1-turn histories: {per_agent} bytes per agent (RSS delta {grown})"
+    );
+
+    // History length must not matter: agents with 3 turns each cost about the same.
+    let (longer, grown_longer) = populate(&host, 2_000, 3).await;
+    let per_agent_longer = grown_longer / 2_000;
+    println!("2000 hibernated agents with 3-turn histories: {per_agent_longer} bytes per agent");
+
+    assert!(
+        per_agent < 64 * 1024,
+        "{per_agent} bytes per hibernated agent (goal 16 KiB)"
+    );
+    assert!(
+        per_agent_longer < 64 * 1024,
+        "{per_agent_longer} bytes per hibernated agent with longer histories"
+    );
+    drop((agents, longer));
+    host.shutdown().await;
+    store.close().await.expect("store closes");
+}
