@@ -1,7 +1,10 @@
 //! `LlmStreamActor`: runs one request attempt and forwards its chunks to the agent.
 //!
 //! One actor per attempt, linked to its agent. It pulls the provider's stream and casts each chunk as
-//! `AgentMsg::Chunk`, then `StreamEnded`, and stops. Cancelling its token closes the stream at once
+//! `AgentMsg::Chunk` — or, when the provider already has more chunks ready, up to `CHUNK_BATCH_MAX`
+//! of them as one `AgentMsg::Chunks`, which the agent handles exactly like that many `Chunk`s but
+//! for one mailbox trip and one hand-off to its writer (a fast stream costs a message per burst,
+//! not per token) — then `StreamEnded`, and stops. Cancelling its token closes the stream at once
 //! (the provider drops the connection); a panic in provider code reaches the agent as a supervision
 //! event and becomes a failure offered to `request_error`. A route with no registered provider yields
 //! a single `NO_ADAPTER` error finish, as the original's runtime does.
@@ -10,12 +13,16 @@ use std::sync::Arc;
 
 use dsh::llm::provider::Provider;
 use dsh::llm::types::{FinishReason, LlmFailure, LlmRequest, StreamChunk, codes};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::agent::msg::AgentMsg;
+
+/// Chunks forwarded in one message at most. 64: a 20-token reply (24 chunks) in one trip, while a
+/// long burst still reaches the agent in pieces it can interleave with a steer or a cancel.
+const CHUNK_BATCH_MAX: usize = 64;
 
 pub(crate) struct LlmStreamActor;
 
@@ -82,7 +89,30 @@ impl Actor for LlmStreamActor {
                             () = cancel.cancelled() => break,
                             next = stream.next() => match next {
                                 Some(chunk) => {
-                                    if agent.cast(AgentMsg::Chunk { ticket, chunk }).is_err() {
+                                    // Take what else is ready without waiting, re-checking the
+                                    // cancellation before each chunk as the loop above does.
+                                    let mut chunks = vec![chunk];
+                                    let mut ended = false;
+                                    while chunks.len() < CHUNK_BATCH_MAX && !cancel.is_cancelled() {
+                                        match stream.next().now_or_never() {
+                                            Some(Some(chunk)) => chunks.push(chunk),
+                                            Some(None) => {
+                                                ended = true;
+                                                break;
+                                            }
+                                            None => break,
+                                        }
+                                    }
+                                    let msg = match chunks.pop() {
+                                        Some(chunk) if chunks.is_empty() => {
+                                            AgentMsg::Chunk { ticket, chunk }
+                                        }
+                                        last => {
+                                            chunks.extend(last);
+                                            AgentMsg::Chunks { ticket, chunks }
+                                        }
+                                    };
+                                    if agent.cast(msg).is_err() || ended {
                                         break;
                                     }
                                 }

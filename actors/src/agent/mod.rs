@@ -790,6 +790,14 @@ impl AgentActor {
                 facts,
             } => state.core.on_request_configured(ticket, result, facts, now),
             AgentMsg::Chunk { ticket, chunk } => state.core.on_chunk(ticket, chunk, now),
+            AgentMsg::Chunks { ticket, chunks } => {
+                // As if each came alone: a chunk's effects run before the next chunk is fed (only
+                // the hand-off to the writer is shared, which batches what it is given anyway).
+                for chunk in chunks {
+                    state.core.on_chunk(ticket, chunk, now);
+                    self.run_effects(state).await?;
+                }
+            }
             AgentMsg::StreamEnded { ticket } => state.core.on_stream_end(ticket, now),
             AgentMsg::RecoveryDecided { ticket, result } => {
                 state.core.on_recovery(ticket, result, now);

@@ -112,6 +112,12 @@ pub enum AgentMsg {
         ticket: u64,
         chunk: StreamChunk,
     },
+    /// Several chunks of attempt `ticket` that the provider had ready at once, in stream order:
+    /// handled exactly as that many `Chunk` messages in a row, for one mailbox trip.
+    Chunks {
+        ticket: u64,
+        chunks: Vec<StreamChunk>,
+    },
     StreamEnded {
         ticket: u64,
     },
