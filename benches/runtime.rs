@@ -4,7 +4,8 @@
 //! call of the `echo` tool, then that text, so it makes two requests.
 //!
 //! - `agent_turn`: one agent, sequential turns (followup, then `when_idle`), memory and SQLite
-//!   stores, against `baseline/hand_loop`: one tokio task that pulls the same provider streams, runs
+//!   stores (and the text turn on a single-threaded runtime, `-1thread`), against
+//!   `baseline/hand_loop`: one tokio task that pulls the same provider streams, runs
 //!   the same tool, and appends the same events (re-sequenced copies of a turn the runtime wrote) to
 //!   the same store, durable at the same checkpoints (before each request, before each tool body, at
 //!   the end). Both sides start a fresh session every `ROTATE_TURNS` turns, outside the clock, so
@@ -445,6 +446,59 @@ fn agent_turn_group(c: &mut Criterion) {
             store.close(&rt);
         }
     }
+    // The same text turn on a single-threaded runtime: no worker wakes another, so the difference
+    // to the two-worker figures above is what cross-thread hand-offs cost a lone sequential agent.
+    let rt1 = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime");
+    let template = Arc::new(capture_template(&rt1, Mode::Text));
+    let param = "text-memory-1thread";
+    let store = BenchStore::open(StoreKind::Memory, &rt1);
+    let provider = LoopProvider::new();
+    g.bench_function(BenchmarkId::new("baseline/hand_loop", param), |b| {
+        b.to_async(&rt1).iter_custom(|iters| {
+            let store = Arc::clone(&store.store);
+            let template = Arc::clone(&template);
+            let provider = &provider;
+            async move {
+                let mut session = HandSession::create(&*store).await;
+                let mut total = Duration::ZERO;
+                for i in 0..iters {
+                    if i > 0 && i % ROTATE_TURNS == 0 {
+                        session = HandSession::create(&*store).await;
+                    }
+                    let started = Instant::now();
+                    hand_turn(&*store, &mut session, &template, provider, Mode::Text).await;
+                    total += started.elapsed();
+                }
+                total
+            }
+        });
+    });
+    let host = rt1.block_on(host(&store, Mode::Text, None));
+    g.bench_function(BenchmarkId::new("dsh/agent", param), |b| {
+        b.to_async(&rt1).iter_custom(|iters| {
+            let host = host.clone();
+            async move {
+                let mut total = Duration::ZERO;
+                let mut done = 0;
+                while done < iters {
+                    let agent = host.create(spec()).await.expect("create");
+                    let n = (iters - done).min(ROTATE_TURNS);
+                    let started = Instant::now();
+                    for _ in 0..n {
+                        agent_turn(&agent).await;
+                    }
+                    total += started.elapsed();
+                    done += n;
+                    host.dispose(agent.id()).await.expect("dispose");
+                }
+                total
+            }
+        });
+    });
+    rt1.block_on(host.shutdown());
     g.finish();
 }
 
