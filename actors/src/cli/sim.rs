@@ -18,7 +18,8 @@
 //!    once durable, after the idle agent already started the turn), with `--cancel-rate` probability a
 //!    user cancel (pending input discarded), then waits until the agent is idle.
 //! 4. Wait until every agent hibernated (`--hibernate-ms`), read the resident set size again: the
-//!    difference divided by the agents is `bytes_per_agent`.
+//!    difference divided by the agents is `bytes_per_agent` (after glibc's `malloc_trim`, as
+//!    `tests/memory.rs` measures; `bytes_per_agent_untrimmed` before it).
 //! 5. Measure the store's own ceiling: as many appenders as agents append batches of the run's mean
 //!    size and event bytes straight to the same store, with no runtime in between, for
 //!    `--ceiling-ms`.
@@ -349,10 +350,14 @@ pub struct SimReport {
     pub peak_rss_bytes: Option<u64>,
     /// `VmRSS` before the agents were created.
     pub rss_before_bytes: Option<u64>,
-    /// `VmRSS` after the agents hibernated.
+    /// `VmRSS` after the agents hibernated, once the allocator returned its free memory (glibc
+    /// `malloc_trim`): what the agents hold, not what the run's transient logs left behind.
     pub rss_hibernated_bytes: Option<u64>,
     /// (`rss_hibernated_bytes` - `rss_before_bytes` - `observer_bytes`) / `agents`.
     pub bytes_per_agent: Option<u64>,
+    /// The same before the allocator returned its free memory: what a process that just ran this
+    /// load actually keeps resident.
+    pub bytes_per_agent_untrimmed: Option<u64>,
     /// `VmRSS` growth while the observed agents were subscribed (their subscription buffers).
     pub observer_bytes: u64,
     pub hibernated_agents: usize,
@@ -468,12 +473,14 @@ impl SimReport {
                 |b| format!("{:.1} MiB", b as f64 / (1 << 20) as f64),
             )
         };
+        let bytes =
+            |b: Option<u64>| b.map_or_else(|| "unknown".to_string(), |b| format!("{b} bytes"));
         writeln!(
             out,
-            "  memory: peak RSS {}; {} per hibernated agent ({} of {} hibernated)",
+            "  memory: peak RSS {}; {} per hibernated agent, {} before the allocator returned free memory ({} of {} hibernated)",
             mib(self.peak_rss_bytes),
-            self.bytes_per_agent
-                .map_or_else(|| "unknown".to_string(), |b| format!("{b} bytes")),
+            bytes(self.bytes_per_agent),
+            bytes(self.bytes_per_agent_untrimmed),
             self.hibernated_agents,
             self.agents
         )?;
@@ -972,6 +979,22 @@ fn progress_line(phase: &str, c: &Counters, events: u64, elapsed: Duration) -> S
     )
 }
 
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+unsafe extern "C" {
+    fn malloc_trim(pad: usize) -> std::os::raw::c_int;
+}
+
+/// Returns the allocator's free memory to the OS (glibc), so that RSS shows live memory. The same
+/// measure as `tests/memory.rs`.
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` has no preconditions: it only releases free memory of the allocator's
+    // arenas to the OS, takes the arena locks itself, and may be called from any thread at any time.
+    unsafe {
+        malloc_trim(0);
+    }
+}
+
 /// Reads `VmRSS` and `VmHWM` (bytes) from `/proc/self/status`; `None` where there is no procfs.
 fn memory_status() -> (Option<u64>, Option<u64>) {
     let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
@@ -1070,6 +1093,7 @@ async fn run_agents(
     );
 
     let steers: SteersInFlight = Arc::new(DashMap::new());
+    trim_heap();
     let (rss_before_bytes, _) = memory_status();
     progress.phase("creating agents");
     let created_at = Instant::now();
@@ -1185,13 +1209,17 @@ async fn run_agents(
 
     progress.phase("hibernating");
     let hibernated_agents = wait_hibernated(&agents, plan.hibernate_ms).await?;
+    let (rss_untrimmed_bytes, _) = memory_status();
+    trim_heap();
     let (rss_hibernated_bytes, _) = memory_status();
-    let bytes_per_agent = match (rss_before_bytes, rss_hibernated_bytes) {
+    let per_agent = |after: Option<u64>| match (rss_before_bytes, after) {
         (Some(before), Some(after)) => {
             Some(after.saturating_sub(before).saturating_sub(observer_bytes) / plan.agents as u64)
         }
         _ => None,
     };
+    let bytes_per_agent = per_agent(rss_hibernated_bytes);
+    let bytes_per_agent_untrimmed = per_agent(rss_untrimmed_bytes);
 
     let store_ceiling = if plan.ceiling_ms == 0 {
         None
@@ -1246,6 +1274,7 @@ async fn run_agents(
         rss_before_bytes,
         rss_hibernated_bytes,
         bytes_per_agent,
+        bytes_per_agent_untrimmed,
         observer_bytes,
         hibernated_agents,
         step_latency_ms: Percentiles::of(&mut observed.step_ns),
