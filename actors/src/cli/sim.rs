@@ -346,7 +346,8 @@ pub struct SimReport {
     /// `events_per_sec` / `store_ceiling.events_per_sec`.
     pub store_ceiling_ratio: Option<f64>,
     pub agents_created_per_sec: f64,
-    /// `VmHWM`: the most resident memory the process ever had.
+    /// `VmHWM` once the agents hibernated: the most resident memory the process had during the run
+    /// (before the store-ceiling burst).
     pub peak_rss_bytes: Option<u64>,
     /// `VmRSS` before the agents were created.
     pub rss_before_bytes: Option<u64>,
@@ -1209,7 +1210,8 @@ async fn run_agents(
 
     progress.phase("hibernating");
     let hibernated_agents = wait_hibernated(&agents, plan.hibernate_ms).await?;
-    let (rss_untrimmed_bytes, _) = memory_status();
+    // The run's peak, before the ceiling burst adds its own sessions (all in RAM for `memory`).
+    let (rss_untrimmed_bytes, peak_rss_bytes) = memory_status();
     trim_heap();
     let (rss_hibernated_bytes, _) = memory_status();
     let per_agent = |after: Option<u64>| match (rss_before_bytes, after) {
@@ -1238,7 +1240,6 @@ async fn run_agents(
             .await?,
         )
     };
-    let (_, peak_rss_bytes) = memory_status();
 
     let mut ack_ns = Vec::new();
     let mut cancel_to_idle_ns = Vec::new();
