@@ -1203,3 +1203,37 @@ fn chat_from_a_pipe_answers_then_exits_at_end_of_input() {
     let first = r.stderr.lines().next().unwrap_or("");
     assert!(first.starts_with("session: s-"), "{}", r.stderr);
 }
+
+/// The read-side commands open the store read-only, without its lock: they work while a chat owns
+/// it, and see what the chat has made durable.
+#[test]
+fn reading_commands_work_while_a_chat_holds_the_store() {
+    let sb = Sandbox::new();
+    let script = sb.script(
+        "s.json",
+        serde_json::json!([{"text": "Held answer", "gate": "g1", "gate_after_chunks": 2}]),
+    );
+    let mut chat = spawn_chat(
+        &sb,
+        &[
+            "--session",
+            "held",
+            "--script",
+            script.to_str().expect("utf-8"),
+        ],
+    );
+    chat.exp_string("> ").expect("prompt");
+    chat.send_line("hello while held").expect("send");
+    chat.exp_string("H").expect("the answer starts streaming");
+    let r = sb.run(&["sessions"]);
+    assert_eq!(r.code, Some(0), "{r:#?}");
+    assert!(r.stdout.contains("held"), "{}", r.stdout);
+    let r = sb.run(&["show", "held"]);
+    assert_eq!(r.code, Some(0), "{r:#?}");
+    assert!(r.stdout.contains("hello while held"), "{}", r.stdout);
+    let r = sb.run(&["import", script.to_str().expect("utf-8")]);
+    assert_ne!(r.code, Some(0), "writing still needs the lock: {r:#?}");
+    chat.send_line("/open g1").expect("send");
+    chat.exp_string("> ").expect("the prompt comes back");
+    quit(chat);
+}

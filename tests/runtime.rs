@@ -219,3 +219,269 @@ async fn a_restart_repairs_the_open_turn_and_keeps_pending_input() {
     let _ = Arc::clone(&w.store);
     w.host.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_defers_a_wake_and_replays_it_when_it_ends() {
+    let w = World::new(vec![ScriptEntry::text("ok")]).await;
+    let agent = w.agent.clone();
+    let done = w
+        .agent
+        .run_maintenance(|_token| async move {
+            agent.followup(user("during maintenance")).await.unwrap();
+            // The wake is deferred: no turn while the task runs.
+            let status = agent.status().await.unwrap();
+            assert_eq!(status.status, dsh::turn::Status::Idle);
+            assert_eq!(status.n_pending_turn, 1);
+            "task result"
+        })
+        .await
+        .unwrap();
+    assert_eq!(done, "task result");
+    w.agent.when_idle().await.unwrap();
+    let log = w.log().await;
+    assert_eq!(user_texts(&log), ["during maintenance"]);
+    assert_eq!(reasons(&log), [TurnEndReason::Completed]);
+    // Maintenance is refused while a turn runs.
+    let w2 = World::new(vec![ScriptEntry::hang("")]).await;
+    w2.agent.followup(user("busy")).await.unwrap();
+    let err = w2.agent.run_maintenance(|_| async {}).await.unwrap_err();
+    assert!(matches!(err, dsh_actors::InputError::Busy { .. }), "{err}");
+    w.host.shutdown().await;
+    w2.host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hibernated_agent_wakes_with_its_whole_history() {
+    let config = dsh_actors::HostConfig {
+        hibernate_after: Some(std::time::Duration::from_millis(5)),
+        ..dsh_actors::HostConfig::default()
+    };
+    let w = World::build(
+        vec![ScriptEntry::text("one"), ScriptEntry::text("two")],
+        Vec::new(),
+        dsh::hooks::Hooks::new(),
+        config,
+    )
+    .await;
+    w.agent.followup(user("first")).await.unwrap();
+    w.agent.when_idle().await.unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !w.agent.status().await.unwrap().hibernated {
+        assert!(tokio::time::Instant::now() < deadline, "never hibernated");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    // Input is accepted while hibernated, without reading the log back.
+    w.agent.inject(user("context")).await.unwrap();
+    assert!(w.agent.status().await.unwrap().hibernated);
+    w.agent.followup(user("second")).await.unwrap();
+    w.agent.when_idle().await.unwrap();
+    let texts: Vec<String> = w.script.requests()[1]
+        .messages
+        .iter()
+        .map(|m| m.text())
+        .collect();
+    assert_eq!(texts, ["first", "one", "context", "second"]);
+    assert_valid(&w.stored().await);
+    w.host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_may_send_input_from_the_event_stream_and_nothing_is_lost() {
+    // SPEC §3 difference 3: observers receive events after the write and may call any handle method.
+    let w = World::new(vec![ScriptEntry::text("one"), ScriptEntry::text("two")]).await;
+    let mut sub = w.agent.subscribe();
+    let agent = w.agent.clone();
+    let observer = tokio::spawn(async move {
+        while let Some(obs) = sub.next().await {
+            if let dsh_actors::Observation::Item(Observed::Event { event, .. }) = obs
+                && event.kind() == "turn/end"
+            {
+                agent.followup(user("sent by an observer")).await.unwrap();
+                return;
+            }
+        }
+    });
+    w.agent.followup(user("first")).await.unwrap();
+    observer.await.unwrap();
+    w.agent.when_idle().await.unwrap();
+    let log = w.log().await;
+    assert_eq!(user_texts(&log), ["first", "sent by an observer"]);
+    assert_eq!(
+        reasons(&log),
+        [TurnEndReason::Completed, TurnEndReason::Completed]
+    );
+    w.host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_subscriber_is_told_and_never_slows_the_agent() {
+    let config = dsh_actors::HostConfig {
+        limits: dsh::Limits {
+            subscriber_buffer_max: 4,
+            ..dsh::Limits::DEFAULT
+        },
+        ..dsh_actors::HostConfig::default()
+    };
+    let w = World::build(
+        vec![ScriptEntry::text("a long enough answer")],
+        Vec::new(),
+        dsh::hooks::Hooks::new(),
+        config,
+    )
+    .await;
+    let mut sub = w.agent.subscribe();
+    w.agent.followup(user("hi")).await.unwrap();
+    w.agent.when_idle().await.unwrap();
+    match sub.next().await {
+        Some(dsh_actors::Observation::Lagged(n)) => assert!(n > 0),
+        other => panic!("expected a lag notice, got {other:?}"),
+    }
+    w.host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispose_ends_the_turn_disposed_discards_pending_input_and_keeps_the_log() {
+    let w = World::new(vec![ScriptEntry::hang("thinking")]).await;
+    w.agent.followup(user("work")).await.unwrap();
+    w.wait_for("assistant/chunk", 2).await;
+    w.agent.followup(user("queued")).await.unwrap();
+    w.host.dispose(w.agent.id()).await.unwrap();
+    let log = w.stored().await;
+    assert_eq!(
+        reasons(&log),
+        [TurnEndReason::Aborted {
+            reason: CancelCause::Disposed
+        }]
+    );
+    assert!(
+        log.iter()
+            .any(|e| matches!(&e.data, EventData::InboxSpliced(s) if s.outcome.is_some())),
+        "the queued input was discarded durably"
+    );
+    assert_valid(&log);
+    let err = w.agent.followup(user("late")).await.unwrap_err();
+    assert!(
+        matches!(err, dsh_actors::InputError::Disposed { .. }),
+        "{err}"
+    );
+    assert!(w.host.get(w.agent.id()).is_none());
+    w.host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_that_ignores_cancellation_is_killed_after_the_grace_period() {
+    let config = dsh_actors::HostConfig {
+        limits: dsh::Limits {
+            tool_grace_ms: 20,
+            ..dsh::Limits::DEFAULT
+        },
+        ..dsh_actors::HostConfig::default()
+    };
+    let w = World::build(
+        vec![ScriptEntry::tool_calls([
+            ("c1", "stubborn", "{}"),
+            ("c2", "stubborn", "{}"),
+        ])],
+        vec![TestTool::stubborn("stubborn", 60_000)],
+        dsh::hooks::Hooks::new(),
+        config,
+    )
+    .await;
+    w.agent.followup(user("go")).await.unwrap();
+    w.wait_for("tool/call", 2).await;
+    w.agent.cancel(CancelCause::User, false).await.unwrap();
+    assert!(
+        w.agent
+            .when_idle_for(std::time::Duration::from_secs(10))
+            .await
+            .unwrap(),
+        "the grace period bounds cancellation"
+    );
+    let log = w.log().await;
+    let codes: Vec<String> = log
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::ToolResult(r) => r.error.as_ref().map(|e| e.code.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(codes, ["ABORTED", "ABORTED"]);
+    assert_eq!(
+        reasons(&log),
+        [TurnEndReason::Aborted {
+            reason: CancelCause::User
+        }]
+    );
+    assert_valid(&log);
+    w.host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_pool_failure_answers_every_call_and_ends_the_turn_with_an_error() {
+    // SPEC §3 difference 2.
+    let w = World::with_tools(
+        vec![
+            ScriptEntry::tool_calls([("c1", "slow", "{}"), ("c2", "ex", "{}")]),
+            ScriptEntry::text("next turn works"),
+        ],
+        vec![TestTool::gated("slow", "never"), TestTool::exclusive("ex")],
+    )
+    .await;
+    w.agent.followup(user("go")).await.unwrap();
+    w.wait_for("tool/call", 1).await;
+    w.agent.inject_tool_pool_panic().await.unwrap();
+    w.agent.when_idle().await.unwrap();
+    let log = w.log().await;
+    let results: Vec<(String, String)> = log
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::ToolResult(r) => Some((
+                r.message
+                    .source
+                    .str_field("callId")
+                    .unwrap_or("")
+                    .to_string(),
+                r.error.as_ref().map(|e| e.code.clone()).unwrap_or_default(),
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        results,
+        [
+            ("c1".to_string(), "TOOL_OUTCOME_UNKNOWN".to_string()),
+            ("c2".to_string(), "ABORTED_BEFORE_DISPATCH".to_string())
+        ]
+    );
+    match &reasons(&log)[..] {
+        [TurnEndReason::Error { error }] => assert!(error.message.contains("tool pool failed")),
+        other => panic!("{other:?}"),
+    }
+    assert_valid(&log);
+    // The history stays provider-valid: the next turn runs.
+    w.agent.followup(user("again")).await.unwrap();
+    w.agent.when_idle().await.unwrap();
+    assert_eq!(reasons(&w.log().await).len(), 2);
+    w.host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
+    let w = World::new(vec![]).await;
+    w.agent.inject(user_id("m1", "first")).await.unwrap();
+    let before = w.log().await;
+    let err = w.agent.inject(user_id("m1", "again")).await.unwrap_err();
+    assert!(matches!(err, dsh_actors::InputError::Refused(_)), "{err}");
+    let huge = "x".repeat(dsh::Limits::DEFAULT.message_bytes_max + 1);
+    let err = w.agent.followup(user(&huge)).await.unwrap_err();
+    assert!(err.to_string().contains("limit"), "{err}");
+    let mut assistant = user("not a user message");
+    assistant.role = dsh::llm::types::Role::Assistant;
+    assert!(w.agent.steer(assistant).await.is_err());
+    assert_eq!(w.log().await, before, "refused input wrote nothing");
+    assert_eq!(
+        w.agent.status().await.unwrap().status,
+        dsh::turn::Status::Idle
+    );
+    w.host.shutdown().await;
+}

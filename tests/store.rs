@@ -1421,3 +1421,34 @@ proptest! {
         runtime.block_on(damage_one_row(n_turns, n_open_batches, pick, cut, garbage))?;
     }
 }
+
+#[tokio::test]
+async fn a_read_only_store_reads_beside_the_writer_and_refuses_every_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = sid("open");
+    let events = open_turn_events(&id);
+    let store = open(dir.path());
+    store.create(&header(&id)).await.unwrap();
+    store.append(&id, encode(&events)).await.unwrap();
+
+    // No lock is taken: the writer still owns the directory.
+    let reader = SqliteStore::open_read_only(dir.path(), SqliteConfig::default()).unwrap();
+    let listed = reader.list().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    let inspection = reader.inspect(&id).await.unwrap();
+    assert_eq!(to_json(&inspection.events), to_json(&events));
+    assert_eq!(inspection.closers.len(), 4);
+    let refused = |r: Result<_, StoreError>| matches!(r, Err(StoreError::Io { cause, .. }) if cause.contains("read-only"));
+    assert!(refused(reader.append(&id, encode(&events[..1])).await));
+    assert!(refused(reader.create(&header(&sid("new"))).await));
+    assert!(refused(reader.delete(&id).await.map(|_| ())));
+    // A load would repair the open turn: refused, nothing written.
+    assert!(refused(reader.load(&id).await.map(|_| ())));
+    assert_eq!(raw_rows(store.db_path(), &id).len(), 6);
+    reader.close().await.unwrap();
+
+    // An empty directory holds no store.
+    let empty = tempfile::tempdir().unwrap();
+    assert!(SqliteStore::open_read_only(empty.path(), SqliteConfig::default()).is_err());
+    store.close().await.unwrap();
+}

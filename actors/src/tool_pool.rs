@@ -34,6 +34,9 @@ pub(crate) enum PoolMsg {
     GraceExpired {
         ticket: u64,
     },
+    /// Test-only: make the pool fail as a bug would.
+    #[cfg(feature = "fault-injection")]
+    Panic,
     /// A call actor finished its body.
     Done {
         ticket: u64,
@@ -175,6 +178,8 @@ impl Actor for ToolPoolActor {
                     );
                 }
             }
+            #[cfg(feature = "fault-injection")]
+            PoolMsg::Panic => panic!("tool pool: injected fault"),
             PoolMsg::Done {
                 ticket,
                 idx,

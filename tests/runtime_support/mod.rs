@@ -34,6 +34,8 @@ pub struct TestTool {
     mode: ExecutionMode,
     gate: Option<(Gates, String)>,
     panics: bool,
+    /// Sleeps this long, ignoring cancellation.
+    stubborn_ms: u64,
 }
 
 impl TestTool {
@@ -43,6 +45,15 @@ impl TestTool {
             mode: ExecutionMode::Parallel,
             gate: None,
             panics: false,
+            stubborn_ms: 0,
+        }
+    }
+
+    /// Sleeps `ms` and ignores cancellation (to exercise the grace period and timeouts).
+    pub fn stubborn(name: &str, ms: u64) -> TestTool {
+        TestTool {
+            stubborn_ms: ms,
+            ..TestTool::parallel(name)
         }
     }
 
@@ -86,6 +97,9 @@ impl Tool for TestTool {
     async fn execute(&self, call: ToolInvocation, cancel: CancellationToken) -> ToolOutput {
         if self.panics {
             panic!("tool {} exploded", self.name);
+        }
+        if self.stubborn_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.stubborn_ms)).await;
         }
         if let Some((gates, gate)) = &self.gate {
             tokio::select! {

@@ -247,6 +247,20 @@ impl AgentHandle {
             })
     }
 
+    /// Test-only: makes the agent's tool pool panic, as a bug in it would.
+    ///
+    /// # Errors
+    /// `InputError` when the agent is gone.
+    #[cfg(feature = "fault-injection")]
+    pub async fn inject_tool_pool_panic(&self) -> Result<(), InputError> {
+        let actor = self.actor().await?;
+        actor
+            .cast(AgentMsg::PanicToolPool)
+            .map_err(|_| InputError::Interrupted {
+                id: self.id().clone(),
+            })
+    }
+
     /// Runs `task` as maintenance: only while the agent is idle; waking input that arrives meanwhile
     /// is deferred and replayed when the task ends. `task` receives the maintenance cancellation
     /// token (a `cancel` fires it).

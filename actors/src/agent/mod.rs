@@ -828,6 +828,12 @@ impl AgentActor {
             }
             #[cfg(feature = "fault-injection")]
             AgentMsg::Panic => panic!("agent {}: injected fault", state.id()),
+            #[cfg(feature = "fault-injection")]
+            AgentMsg::PanicToolPool => {
+                if let Some(pool) = &state.pool {
+                    let _ = pool.cast(PoolMsg::Panic);
+                }
+            }
             AgentMsg::HibernateCheck { .. } => {
                 state.hibernate_armed = false;
                 let after = self.runtime.config.hibernate_after.unwrap_or(Duration::MAX);

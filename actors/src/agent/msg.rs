@@ -154,4 +154,7 @@ pub enum AgentMsg {
     /// Test-only: make the agent actor fail as a bug would.
     #[cfg(feature = "fault-injection")]
     Panic,
+    /// Test-only: make the agent's tool pool fail as a bug would.
+    #[cfg(feature = "fault-injection")]
+    PanicToolPool,
 }

@@ -19,8 +19,9 @@ use dsh::session::store::{SessionStore, StoreError};
 
 use crate::cli::{CliError, Config};
 
-/// Opens the store in the configured data directory if one is there; `None` when there is none (so
-/// a read-only command leaves no directory behind).
+/// Opens the store in the configured data directory for reading, if one is there; `None` when there
+/// is none (so a read-only command leaves no directory behind). Reading needs no lock, so it works
+/// while a `chat` or `run` holds the store.
 ///
 /// # Errors
 /// `CliError::Failed` when a store is there but cannot be opened.
@@ -34,7 +35,14 @@ pub fn open_existing(config: &Config) -> Result<Option<SqliteStore>, CliError> {
         }
         return Ok(None);
     }
-    open(config).map(Some)
+    SqliteStore::open_read_only(&config.data_dir, SqliteConfig::default())
+        .map(Some)
+        .map_err(|e| {
+            CliError::Failed(format!(
+                "cannot open the store in {}: {e}",
+                config.data_dir.display()
+            ))
+        })
 }
 
 /// Opens (creating if needed) the store in the configured data directory.

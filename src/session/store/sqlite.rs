@@ -282,6 +282,8 @@ struct Shared {
     /// Why writes are refused. Set once, by the writer, when a commit or sync fails; never cleared.
     poison: OnceLock<String>,
     closed: AtomicBool,
+    /// Opened by `open_read_only`: no writer, no lock; every write is refused.
+    read_only: bool,
     /// Idle read connections, at most `config.readers_idle_max`.
     readers: Mutex<Vec<Db>>,
     vfs: Option<Arc<FaultVfs>>,
@@ -297,6 +299,12 @@ impl Shared {
     fn writable(&self) -> Result<(), StoreError> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(StoreError::Closed);
+        }
+        if self.read_only {
+            return Err(io_error(
+                "write",
+                format!("the store in {} was opened read-only", self.dir.display()),
+            ));
         }
         match self.poison.get() {
             Some(cause) => Err(StoreError::Poisoned {
@@ -574,6 +582,7 @@ impl SqliteStore {
             }),
             poison: OnceLock::new(),
             closed: AtomicBool::new(false),
+            read_only: false,
             readers: Mutex::new(Vec::new()),
             vfs,
             counters: Counters::default(),
@@ -590,6 +599,62 @@ impl SqliteStore {
             tx,
             bytes,
             writer: Mutex::new(Some(task)),
+        })
+    }
+
+    /// Opens an existing store in `dir` for reading only: no writer, no lock, so it works while
+    /// another process owns the store (WAL lets readers run beside its writer). Every write —
+    /// including the repair a `load` would append — is refused; use `inspect` to read.
+    ///
+    /// # Errors
+    /// `Io` when `dir` holds no store, or the file is not a dsh store of this schema version.
+    pub fn open_read_only(dir: &Path, config: SqliteConfig) -> Result<SqliteStore, StoreError> {
+        let op = "open";
+        let db_path = dir.join(DB_FILE_NAME);
+        if !db_path.is_file() {
+            return Err(io_error(
+                op,
+                format!("{} holds no session store", dir.display()),
+            ));
+        }
+        let db = open_reader(&db_path, None).map_err(|e| sql_error(op, &e))?;
+        let app_id: i32 = db
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .map_err(|e| sql_error(op, &e))?;
+        let version: i32 = db
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| sql_error(op, &e))?;
+        if (app_id, version) != (APPLICATION_ID, SCHEMA_VERSION) {
+            return Err(io_error(
+                op,
+                format!(
+                    "{} is not a dsh session store of schema version {SCHEMA_VERSION} (application_id {app_id:#x}, version {version})",
+                    db_path.display()
+                ),
+            ));
+        }
+        // No receiver: nothing is ever queued (`writable` refuses first).
+        let (tx, _) = mpsc::channel(1);
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            db_path,
+            config,
+            sessions: Mutex::new(Sessions {
+                slots: HashMap::new(),
+                epoch: 0,
+            }),
+            poison: OnceLock::new(),
+            closed: AtomicBool::new(false),
+            read_only: true,
+            readers: Mutex::new(vec![db]),
+            vfs: None,
+            counters: Counters::default(),
+        });
+        Ok(SqliteStore {
+            shared,
+            tx,
+            bytes: Arc::new(Semaphore::new(1)),
+            writer: Mutex::new(None),
         })
     }
 
@@ -916,6 +981,9 @@ impl SessionStore for SqliteStore {
 
     async fn create(&self, header: &SessionHeader) -> Result<(), StoreError> {
         self.shared.readable()?;
+        if self.shared.read_only {
+            return self.shared.writable();
+        }
         let id = &header.id;
         self.touch(id).await?;
         let mut sessions = self.shared.sessions();
