@@ -23,9 +23,9 @@ use dsh::SessionId;
 use dsh::hooks::Hooks;
 use dsh::limits::Limits;
 use dsh::llm::provider::ProviderRegistry;
-use dsh::session::SessionHeader;
 use dsh::session::event::CancelCause;
 use dsh::session::store::{SessionStore, StoreError};
+use dsh::session::{Event, SessionHeader};
 use dsh::tools::ToolRegistry;
 use dsh::turn::{AgentConfig, AgentCore};
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
@@ -335,6 +335,7 @@ impl Host {
                     slot: Arc::new(AgentSlot::new(
                         id.clone(),
                         self.registry.runtime.config.limits.subscriber_buffer_max,
+                        Arc::downgrade(&self.registry),
                     )),
                     spec: spec.clone(),
                     restarts: Mutex::new(VecDeque::new()),
@@ -393,10 +394,18 @@ impl Host {
             .get(id)
             .map(|r| Arc::clone(&r))
             .ok_or_else(|| HostError::NotFound { id: id.clone() })?;
-        if let SlotState::Live(actor) = record.slot.current() {
-            record.slot.set(SlotState::Restarting);
-            self.registry.by_actor.remove(&actor.get_id());
-            let _ = actor.kill_and_wait(Some(Duration::from_secs(10))).await;
+        match record.slot.current() {
+            SlotState::Live(actor) => {
+                record.slot.set(SlotState::Restarting);
+                self.registry.by_actor.remove(&actor.get_id());
+                let _ = actor.kill_and_wait(Some(Duration::from_secs(10))).await;
+            }
+            SlotState::Dormant => {
+                // Nothing runs; forget the dormant core and read the log back like a crash would.
+                drop(record.slot.take_dormant());
+                record.slot.set(SlotState::Restarting);
+            }
+            _ => {}
         }
         self.registry.restore(&record).await?;
         Ok(AgentHandle {
@@ -439,6 +448,32 @@ impl Registry {
         Ok(())
     }
 
+    /// Spawns an actor over a dormant agent's core (the caller took it from the slot).
+    ///
+    /// # Errors
+    /// Why the actor could not start (the agent is then marked failed by the caller).
+    pub(crate) async fn wake(&self, slot: &Arc<AgentSlot>, core: AgentCore) -> Result<(), String> {
+        let record = self
+            .agents
+            .get(&slot.id)
+            .map(|r| Arc::clone(&r))
+            .ok_or_else(|| format!("agent {} is no longer registered", slot.id))?;
+        self.spawn(&record, core).await.map_err(|e| e.to_string())
+    }
+
+    /// The durable log of an agent, read straight from the store.
+    ///
+    /// # Errors
+    /// The store's failure, as text.
+    pub(crate) async fn read_log(&self, id: &SessionId) -> Result<Vec<Event>, String> {
+        self.runtime
+            .store
+            .load(id)
+            .await
+            .map(|l| l.events)
+            .map_err(|e| e.to_string())
+    }
+
     /// Reads the agent's log back (after any in-flight write of a previous instance landed), repairs
     /// it, and spawns a new actor over it.
     async fn restore(&self, record: &Arc<AgentRecord>) -> Result<(), HostError> {
@@ -464,6 +499,11 @@ impl Registry {
     }
 
     async fn stop_agent(&self, record: &Arc<AgentRecord>, keep_inbox: bool, timeout: Duration) {
+        if keep_inbox && matches!(record.slot.current(), SlotState::Dormant) {
+            // Dormant: no activity, everything durable, pending input kept. Nothing to stop.
+            record.slot.set(SlotState::Disposed);
+            return;
+        }
         let handle = AgentHandle {
             slot: Arc::clone(&record.slot),
         };

@@ -381,8 +381,12 @@ impl<'de> Deserialize<'de> for BlockType {
 }
 
 /// One streamed chunk (the original's chunk grammar, `reference/session-llm.md` §6.4).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "kebab-case", deny_unknown_fields)]
+///
+/// Deserialized through a flat record (`RawChunk`) rather than serde's internally tagged enums, which
+/// buffer every field before dispatching: chunks are most of a log, so reading a log back (a wake,
+/// a resume) is mostly parsing them.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
 pub enum StreamChunk {
     BlockStart {
         index: u32,
@@ -421,6 +425,103 @@ pub enum StreamChunk {
         )]
         replay_state: Option<Value>,
     },
+}
+
+/// Every field any chunk type has; `StreamChunk::deserialize` checks that exactly the fields of the
+/// named type are present.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawChunk<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: std::borrow::Cow<'a, str>,
+    #[serde(default)]
+    index: Option<u32>,
+    #[serde(rename = "blockType", default)]
+    block_type: Option<BlockType>,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(rename = "argumentsDelta", default)]
+    arguments_delta: Option<String>,
+    #[serde(default)]
+    block: Option<ContentBlock>,
+    #[serde(default)]
+    usage: Option<TokenUsage>,
+    #[serde(default)]
+    reason: Option<FinishReason>,
+    #[serde(rename = "replayState", default)]
+    replay_state: Option<Value>,
+}
+
+impl<'de> Deserialize<'de> for StreamChunk {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let r = RawChunk::deserialize(d)?;
+        let kind = r.kind.as_ref();
+        // Which optional fields are present, in declaration order.
+        let present = [
+            r.index.is_some(),
+            r.block_type.is_some(),
+            r.text.is_some(),
+            r.id.is_some(),
+            r.name.is_some(),
+            r.arguments_delta.is_some(),
+            r.block.is_some(),
+            r.usage.is_some(),
+            r.reason.is_some(),
+            r.replay_state.is_some(),
+        ];
+        let only = |allowed: &[usize]| {
+            present
+                .iter()
+                .enumerate()
+                .all(|(i, p)| !*p || allowed.contains(&i))
+        };
+        let missing = |field: &str| D::Error::custom(format!("{kind} chunk lacks {field}"));
+        let chunk = match kind {
+            "block-start" if only(&[0, 1]) => StreamChunk::BlockStart {
+                index: r.index.ok_or_else(|| missing("index"))?,
+                block_type: r.block_type.ok_or_else(|| missing("blockType"))?,
+            },
+            "text-delta" if only(&[0, 2]) => StreamChunk::TextDelta {
+                index: r.index.ok_or_else(|| missing("index"))?,
+                text: r.text.ok_or_else(|| missing("text"))?,
+            },
+            "reasoning-delta" if only(&[0, 2]) => StreamChunk::ReasoningDelta {
+                index: r.index.ok_or_else(|| missing("index"))?,
+                text: r.text.ok_or_else(|| missing("text"))?,
+            },
+            "tool-call-delta" if only(&[0, 3, 4, 5]) => StreamChunk::ToolCallDelta {
+                index: r.index.ok_or_else(|| missing("index"))?,
+                id: r.id.ok_or_else(|| missing("id"))?,
+                name: r.name,
+                arguments_delta: r.arguments_delta.ok_or_else(|| missing("argumentsDelta"))?,
+            },
+            "block-end" if only(&[0, 6]) => StreamChunk::BlockEnd {
+                index: r.index.ok_or_else(|| missing("index"))?,
+                block: r.block.ok_or_else(|| missing("block"))?,
+            },
+            "usage" if only(&[7]) => StreamChunk::Usage {
+                usage: r.usage.ok_or_else(|| missing("usage"))?,
+            },
+            "finish" if only(&[8, 9]) => StreamChunk::Finish {
+                reason: r.reason.ok_or_else(|| missing("reason"))?,
+                replay_state: r.replay_state,
+            },
+            "block-start" | "text-delta" | "reasoning-delta" | "tool-call-delta" | "block-end"
+            | "usage" | "finish" => {
+                return Err(D::Error::custom(format!(
+                    "{kind} chunk has a field of another chunk type"
+                )));
+            }
+            other => {
+                return Err(D::Error::custom(format!("unknown chunk type {other:?}")));
+            }
+        };
+        Ok(chunk)
+    }
 }
 
 impl StreamChunk {

@@ -539,21 +539,76 @@ impl Serialize for Event {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawEnvelope<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: std::borrow::Cow<'a, str>,
-    seq: u64,
-    time: i64,
-    #[serde(borrow)]
-    data: &'a RawValue,
-    #[serde(default, deserialize_with = "present")]
-    ignorable: Option<bool>,
-    #[serde(rename = "sourceEventSeqs", default, deserialize_with = "present")]
-    source_event_seqs: Option<Vec<u64>>,
-    #[serde(rename = "surfaceOp", default, deserialize_with = "present")]
-    surface_op: Option<SurfaceOp>,
+/// Reads a typed payload, which must be a JSON object on the wire (serde's derived structs would
+/// also accept an array of fields by position, which would be written back as an object).
+struct ObjectOnly<T>(std::marker::PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> serde::de::DeserializeSeed<'de> for ObjectOnly<T> {
+    type Value = T;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<T, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for ObjectOnly<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+    }
+}
+
+/// Reads the payload of an event of type `kind` from `d`. An unknown type is read as `Other`; whether
+/// it may be kept (known plugin type, or marked ignorable) is the caller's check.
+fn data_from<'de, D: Deserializer<'de>>(kind: &str, d: D) -> Result<EventData, D::Error> {
+    fn typed<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
+        kind: &str,
+        d: D,
+    ) -> Result<T, D::Error> {
+        serde::de::DeserializeSeed::deserialize(ObjectOnly(std::marker::PhantomData), d)
+            .map_err(|e| D::Error::custom(format!("{kind} payload: {e}")))
+    }
+    Ok(match kind {
+        "agent/inbox/spliced" => EventData::InboxSpliced(typed(kind, d)?),
+        "turn/start" => EventData::TurnStart(typed(kind, d)?),
+        "turn/end" => EventData::TurnEnd(typed(kind, d)?),
+        "step/start" => EventData::StepStart(typed(kind, d)?),
+        "step/end" => EventData::StepEnd(typed(kind, d)?),
+        "user/message" => EventData::UserMessage(typed(kind, d)?),
+        "request/header" => EventData::RequestHeader(typed(kind, d)?),
+        "request/context" => EventData::RequestContext(typed(kind, d)?),
+        "assistant/chunk" => EventData::AssistantChunk(typed(kind, d)?),
+        "assistant/message" => EventData::AssistantMessage(typed(kind, d)?),
+        "tool/call" => EventData::ToolCall(typed(kind, d)?),
+        "tool/result" => EventData::ToolResult(typed(kind, d)?),
+        "llm/retry" => EventData::LlmRetry(typed(kind, d)?),
+        "llm/retry-started" => EventData::LlmRetryStarted(typed(kind, d)?),
+        "session/end-seed" => {
+            let _: EmptyPayload = typed(kind, d)?;
+            EventData::SessionEndSeed
+        }
+        _ => EventData::Other {
+            kind: kind.to_string(),
+            data: Value::deserialize(d)
+                .map_err(|e| D::Error::custom(format!("{kind} payload: {e}")))?,
+        },
+    })
+}
+
+/// Refuses an `Other` event whose type is neither known nor marked ignorable.
+fn check_kept(data: &EventData, ignorable: bool) -> Result<(), String> {
+    match data {
+        EventData::Other { kind, .. }
+            if !ignorable && !KNOWN_EVENT_TYPES.contains(&kind.as_str()) =>
+        {
+            Err(format!(
+                "event type {kind:?} is unknown and not marked ignorable"
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Parses the payload of an event of type `kind`.
@@ -561,65 +616,117 @@ struct RawEnvelope<'a> {
 /// # Errors
 /// When `kind` is unknown and the event is not ignorable, or the payload does not match the type.
 pub fn parse_data(kind: &str, data: &str, ignorable: bool) -> Result<EventData, String> {
-    fn typed<'a, T: Deserialize<'a>>(kind: &str, data: &'a str) -> Result<T, String> {
-        // serde's derived structs also accept a JSON array (fields by position), which would be
-        // written back as an object: every typed payload must be an object on the wire.
-        if !data.trim_start().starts_with('{') {
-            return Err(format!("{kind} payload must be a JSON object"));
-        }
-        serde_json::from_str(data).map_err(|e| format!("{kind} payload: {e}"))
+    let mut de = serde_json::Deserializer::from_str(data);
+    let parsed = data_from(kind, &mut de).map_err(|e| e.to_string())?;
+    de.end().map_err(|e| format!("{kind} payload: {e}"))?;
+    check_kept(&parsed, ignorable)?;
+    Ok(parsed)
+}
+
+/// The payload as it was found: parsed in place when the type came first (the order we and the
+/// original write), kept raw otherwise until the type is known.
+enum Pending<'a> {
+    Parsed(EventData),
+    Raw(&'a RawValue),
+}
+
+struct EventVisitor;
+
+impl<'de> serde::de::Visitor<'de> for EventVisitor {
+    type Value = Event;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an event object")
     }
-    fn any(kind: &str, data: &str) -> Result<Value, String> {
-        serde_json::from_str(data).map_err(|e| format!("{kind} payload: {e}"))
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Event, A::Error> {
+        struct DataSeed<'k>(&'k str);
+        impl<'de> serde::de::DeserializeSeed<'de> for DataSeed<'_> {
+            type Value = EventData;
+            fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<EventData, D::Error> {
+                data_from(self.0, d)
+            }
+        }
+        fn dup<E: serde::de::Error>(field: &'static str) -> E {
+            E::duplicate_field(field)
+        }
+        let mut kind: Option<std::borrow::Cow<'de, str>> = None;
+        let mut seq = None;
+        let mut time = None;
+        let mut data: Option<Pending<'de>> = None;
+        let mut ignorable: Option<bool> = None;
+        let mut source_event_seqs: Option<Vec<u64>> = None;
+        let mut surface_op: Option<SurfaceOp> = None;
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match key.as_ref() {
+                "type" if kind.is_some() => return Err(dup("type")),
+                "type" => kind = Some(map.next_value()?),
+                "seq" if seq.is_some() => return Err(dup("seq")),
+                "seq" => seq = Some(map.next_value::<u64>()?),
+                "time" if time.is_some() => return Err(dup("time")),
+                "time" => time = Some(map.next_value::<i64>()?),
+                "data" if data.is_some() => return Err(dup("data")),
+                "data" => {
+                    data = Some(match &kind {
+                        Some(k) => Pending::Parsed(map.next_value_seed(DataSeed(k))?),
+                        None => Pending::Raw(map.next_value()?),
+                    });
+                }
+                "ignorable" if ignorable.is_some() => return Err(dup("ignorable")),
+                "ignorable" => ignorable = Some(map.next_value()?),
+                "sourceEventSeqs" if source_event_seqs.is_some() => {
+                    return Err(dup("sourceEventSeqs"));
+                }
+                "sourceEventSeqs" => source_event_seqs = Some(map.next_value()?),
+                "surfaceOp" if surface_op.is_some() => return Err(dup("surfaceOp")),
+                "surfaceOp" => surface_op = Some(map.next_value()?),
+                other => {
+                    return Err(A::Error::unknown_field(
+                        &other.to_string(),
+                        &[
+                            "type",
+                            "seq",
+                            "time",
+                            "data",
+                            "ignorable",
+                            "sourceEventSeqs",
+                            "surfaceOp",
+                        ],
+                    ));
+                }
+            }
+        }
+        let kind = kind.ok_or_else(|| A::Error::missing_field("type"))?;
+        let seq = seq.ok_or_else(|| A::Error::missing_field("seq"))?;
+        let time = time.ok_or_else(|| A::Error::missing_field("time"))?;
+        let ignorable = match ignorable {
+            None => false,
+            Some(true) => true,
+            Some(false) => return Err(A::Error::custom("ignorable must be true when present")),
+        };
+        let data = match data.ok_or_else(|| A::Error::missing_field("data"))? {
+            Pending::Parsed(data) => {
+                check_kept(&data, ignorable).map_err(A::Error::custom)?;
+                data
+            }
+            Pending::Raw(raw) => {
+                parse_data(&kind, raw.get(), ignorable).map_err(A::Error::custom)?
+            }
+        };
+        Ok(Event {
+            seq,
+            time,
+            data,
+            ignorable,
+            source_event_seqs,
+            surface_op,
+        })
     }
-    Ok(match kind {
-        "agent/inbox/spliced" => EventData::InboxSpliced(typed(kind, data)?),
-        "turn/start" => EventData::TurnStart(typed(kind, data)?),
-        "turn/end" => EventData::TurnEnd(typed(kind, data)?),
-        "step/start" => EventData::StepStart(typed(kind, data)?),
-        "step/end" => EventData::StepEnd(typed(kind, data)?),
-        "user/message" => EventData::UserMessage(typed(kind, data)?),
-        "request/header" => EventData::RequestHeader(typed(kind, data)?),
-        "request/context" => EventData::RequestContext(typed(kind, data)?),
-        "assistant/chunk" => EventData::AssistantChunk(typed(kind, data)?),
-        "assistant/message" => EventData::AssistantMessage(typed(kind, data)?),
-        "tool/call" => EventData::ToolCall(typed(kind, data)?),
-        "tool/result" => EventData::ToolResult(typed(kind, data)?),
-        "llm/retry" => EventData::LlmRetry(typed(kind, data)?),
-        "llm/retry-started" => EventData::LlmRetryStarted(typed(kind, data)?),
-        "session/end-seed" => {
-            let _: EmptyPayload = typed(kind, data)?;
-            EventData::SessionEndSeed
-        }
-        _ if KNOWN_EVENT_TYPES.contains(&kind) || ignorable => EventData::Other {
-            kind: kind.to_string(),
-            data: any(kind, data)?,
-        },
-        _ => {
-            return Err(format!(
-                "event type {kind:?} is unknown and not marked ignorable"
-            ));
-        }
-    })
 }
 
 impl<'de> Deserialize<'de> for Event {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = RawEnvelope::deserialize(d)?;
-        let ignorable = match raw.ignorable {
-            None => false,
-            Some(true) => true,
-            Some(false) => return Err(D::Error::custom("ignorable must be true when present")),
-        };
-        let data = parse_data(&raw.kind, raw.data.get(), ignorable).map_err(D::Error::custom)?;
-        Ok(Event {
-            seq: raw.seq,
-            time: raw.time,
-            data,
-            ignorable,
-            source_event_seqs: raw.source_event_seqs,
-            surface_op: raw.surface_op,
-        })
+        d.deserialize_map(EventVisitor)
     }
 }
 
@@ -743,11 +850,12 @@ mod null_tests {
             assert!(Event::from_json(line).is_err(), "{line} accepted");
         }
         // A typed payload written as an array would come back as an object.
-        assert_eq!(
-            Event::from_json(r#"{"type":"turn/start","seq":0,"time":1,"data":[1]}"#),
-            Err(EventParseError(
-                "turn/start payload must be a JSON object".into()
-            ))
+        let err =
+            Event::from_json(r#"{"type":"turn/start","seq":0,"time":1,"data":[1]}"#).unwrap_err();
+        assert!(
+            err.0
+                .starts_with("turn/start payload: invalid type: sequence, expected a JSON object"),
+            "{err}"
         );
         let kept = r#"{"type":"tool/result","seq":0,"time":1,"data":{"turn":1,"step":1,"message":{"id":"r","role":"user","content":[{"type":"tool-result","toolCallId":"c","content":[]}],"source":{"kind":"tool","callId":"c"}},"meta":null},"surfaceOp":"append"}"#;
         let event = Event::from_json(kept).unwrap();

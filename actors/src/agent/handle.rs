@@ -4,9 +4,19 @@
 //! after what it wrote is durable ("acknowledged means durable"). A refused input changes nothing.
 //! A handle stays valid across restarts: it reaches the agent through its registry slot, which the
 //! host points at the new actor; calls made while the agent restarts wait for it.
+//!
+//! A hibernated agent is *dormant*: its actor has stopped and its compact core (ids, counters, inbox
+//! — no log) waits in the slot. The first input wakes it: the caller takes the core out of the slot
+//! and the host spawns a new actor over it. `status`, `when_idle`, `log` and `subscribe` answer a
+//! dormant agent without waking it. A message that raced the actor's passivation (it reached the
+//! mailbox after the actor decided to stop) was never handled; the handle sends it again to the new
+//! actor, which the passivation counter tells apart from a crash (after which nothing is resent).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
+
+use dsh::turn::AgentCore;
 
 use dsh::inbox::AdmitError;
 use dsh::llm::types::Message;
@@ -48,6 +58,10 @@ pub enum InputError {
 #[derive(Clone, Debug)]
 pub(crate) enum SlotState {
     Live(ActorRef<AgentMsg>),
+    /// Hibernated without an actor: the core is in `AgentSlot::dormant`.
+    Dormant,
+    /// A caller took the dormant core and the host is spawning its actor.
+    Waking,
     Restarting,
     Failed(String),
     Disposed,
@@ -61,15 +75,31 @@ pub(crate) struct AgentSlot {
     pub(crate) observers: Channel,
     /// Held by the session writer while an append is in flight.
     pub(crate) write_fence: Arc<tokio::sync::Mutex<()>>,
+    /// The core of a dormant agent.
+    ///
+    /// Invariant: `Some` exactly while `state` is `Dormant`; both change under this lock.
+    pub(crate) dormant: Mutex<Option<Box<AgentCore>>>,
+    /// Times an actor of this agent passivated. A request whose reply was dropped is resent only if
+    /// this moved meanwhile (the message was never handled), never after a crash.
+    pub(crate) n_passivations: AtomicU64,
+    /// The host that spawns this agent's actors.
+    pub(crate) host: Weak<crate::host::Registry>,
 }
 
 impl AgentSlot {
-    pub(crate) fn new(id: SessionId, subscriber_buffer_max: usize) -> AgentSlot {
+    pub(crate) fn new(
+        id: SessionId,
+        subscriber_buffer_max: usize,
+        host: Weak<crate::host::Registry>,
+    ) -> AgentSlot {
         AgentSlot {
             id,
             state: watch::Sender::new(SlotState::Restarting),
             observers: Channel::new(subscriber_buffer_max),
             write_fence: Arc::new(tokio::sync::Mutex::new(())),
+            dormant: Mutex::new(None),
+            n_passivations: AtomicU64::new(0),
+            host,
         }
     }
 
@@ -79,6 +109,34 @@ impl AgentSlot {
 
     pub(crate) fn current(&self) -> SlotState {
         self.state.borrow().clone()
+    }
+
+    fn dormant_lock(&self) -> std::sync::MutexGuard<'_, Option<Box<AgentCore>>> {
+        // Only moves of a box happen under this lock; a panic cannot leave it half-updated.
+        self.dormant.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The actor hands over its hibernated core and stops: the agent is dormant.
+    pub(crate) fn passivate(&self, core: AgentCore) {
+        let mut dormant = self.dormant_lock();
+        *dormant = Some(Box::new(core));
+        self.n_passivations.fetch_add(1, Ordering::SeqCst);
+        self.set(SlotState::Dormant);
+    }
+
+    /// Takes the dormant core (the caller then spawns its actor), or `None` if another caller did.
+    pub(crate) fn take_dormant(&self) -> Option<Box<AgentCore>> {
+        let mut dormant = self.dormant_lock();
+        let core = dormant.take();
+        if core.is_some() {
+            self.set(SlotState::Waking);
+        }
+        core
+    }
+
+    /// Reads the dormant core, if the agent is dormant.
+    pub(crate) fn with_dormant<T>(&self, f: impl FnOnce(&AgentCore) -> T) -> Option<T> {
+        self.dormant_lock().as_deref().map(f)
     }
 }
 
@@ -110,7 +168,8 @@ impl AgentHandle {
                         id: self.id().clone(),
                     });
                 }
-                SlotState::Restarting => {
+                SlotState::Dormant => self.wake().await?,
+                SlotState::Waking | SlotState::Restarting => {
                     if rx.changed().await.is_err() {
                         return Err(InputError::Disposed {
                             id: self.id().clone(),
@@ -121,17 +180,43 @@ impl AgentHandle {
         }
     }
 
-    async fn request<T>(&self, build: impl FnOnce(Reply<T>) -> AgentMsg) -> Result<T, InputError> {
-        let actor = self.actor().await?;
-        let (tx, rx) = oneshot::channel();
-        if actor.cast(build(tx)).is_err() {
-            return Err(InputError::Interrupted {
+    /// Spawns an actor over the dormant core (unless another caller already took it).
+    async fn wake(&self) -> Result<(), InputError> {
+        let Some(core) = self.slot.take_dormant() else {
+            return Ok(());
+        };
+        let Some(host) = self.slot.host.upgrade() else {
+            self.slot.set(SlotState::Disposed);
+            return Err(InputError::Disposed {
                 id: self.id().clone(),
             });
-        }
-        rx.await.map_err(|_| InputError::Interrupted {
-            id: self.id().clone(),
+        };
+        host.wake(&self.slot, *core).await.map_err(|reason| {
+            self.slot.set(SlotState::Failed(reason.clone()));
+            InputError::Failed {
+                id: self.id().clone(),
+                reason,
+            }
         })
+    }
+
+    async fn request<T>(&self, build: impl Fn(Reply<T>) -> AgentMsg) -> Result<T, InputError> {
+        loop {
+            let n_passivations = self.slot.n_passivations.load(Ordering::SeqCst);
+            let actor = self.actor().await?;
+            let (tx, rx) = oneshot::channel();
+            let handled = actor.cast(build(tx)).is_ok();
+            if handled && let Ok(answer) = rx.await {
+                return Ok(answer);
+            }
+            // Dropped unanswered. If the actor passivated meanwhile, it stopped before handling the
+            // message (passivation needs every acknowledgement settled): send it to the new actor.
+            if self.slot.n_passivations.load(Ordering::SeqCst) == n_passivations {
+                return Err(InputError::Interrupted {
+                    id: self.id().clone(),
+                });
+            }
+        }
     }
 
     /// A prompt for its own turn; wakes the agent. Returns once durable.
@@ -139,8 +224,11 @@ impl AgentHandle {
     /// # Errors
     /// `InputError` when the message is refused or the agent cannot take input.
     pub async fn followup(&self, msg: Message) -> Result<(), InputError> {
-        self.request(|reply| AgentMsg::Followup { msg, reply })
-            .await?
+        self.request(|reply| AgentMsg::Followup {
+            msg: msg.clone(),
+            reply,
+        })
+        .await?
     }
 
     /// Input for the nearest step boundary; wakes the agent. Returns once durable.
@@ -148,7 +236,11 @@ impl AgentHandle {
     /// # Errors
     /// `InputError` when the message is refused or the agent cannot take input.
     pub async fn steer(&self, msg: Message) -> Result<(), InputError> {
-        self.request(|reply| AgentMsg::Steer { msg, reply }).await?
+        self.request(|reply| AgentMsg::Steer {
+            msg: msg.clone(),
+            reply,
+        })
+        .await?
     }
 
     /// Input for the next boundary of whatever turn runs next; does not wake. Returns once durable.
@@ -156,8 +248,11 @@ impl AgentHandle {
     /// # Errors
     /// `InputError` when the message is refused or the agent cannot take input.
     pub async fn inject(&self, msg: Message) -> Result<(), InputError> {
-        self.request(|reply| AgentMsg::Inject { msg, reply })
-            .await?
+        self.request(|reply| AgentMsg::Inject {
+            msg: msg.clone(),
+            reply,
+        })
+        .await?
     }
 
     /// Aborts the active turn with `cause`; without `keep_inbox` durably discards all pending input.
@@ -166,7 +261,7 @@ impl AgentHandle {
     /// `InputError` when the agent cannot take input.
     pub async fn cancel(&self, cause: CancelCause, keep_inbox: bool) -> Result<(), InputError> {
         self.request(|reply| AgentMsg::Cancel {
-            cause,
+            cause: cause.clone(),
             keep_inbox,
             reply,
         })
@@ -178,7 +273,11 @@ impl AgentHandle {
     /// # Errors
     /// `InputError` when the agent cannot take input.
     pub async fn remove(&self, id: MessageId) -> Result<bool, InputError> {
-        self.request(|reply| AgentMsg::Remove { id, reply }).await?
+        self.request(|reply| AgentMsg::Remove {
+            id: id.clone(),
+            reply,
+        })
+        .await?
     }
 
     /// Replaces one pending message in place. Returns whether it was pending.
@@ -186,8 +285,12 @@ impl AgentHandle {
     /// # Errors
     /// `InputError` when the replacement is refused or the agent cannot take input.
     pub async fn replace(&self, id: MessageId, msg: Message) -> Result<bool, InputError> {
-        self.request(|reply| AgentMsg::Replace { id, msg, reply })
-            .await?
+        self.request(|reply| AgentMsg::Replace {
+            id: id.clone(),
+            msg: msg.clone(),
+            reply,
+        })
+        .await?
     }
 
     /// Resolves when the agent has no activity (including replacement work queued during
@@ -196,6 +299,9 @@ impl AgentHandle {
     /// # Errors
     /// `InputError` when the agent is gone.
     pub async fn when_idle(&self) -> Result<(), InputError> {
+        if matches!(self.slot.current(), SlotState::Dormant) {
+            return Ok(());
+        }
         self.request(|reply| AgentMsg::WhenIdle { reply }).await
     }
 
@@ -215,6 +321,10 @@ impl AgentHandle {
     /// # Errors
     /// `InputError` when the agent is gone.
     pub async fn status(&self) -> Result<StatusReport, InputError> {
+        // A dormant agent answers from its core, without waking.
+        if let Some(report) = self.slot.with_dormant(|core| StatusReport::of(core, None)) {
+            return Ok(report);
+        }
         self.request(|reply| AgentMsg::Status { reply }).await
     }
 
@@ -223,6 +333,18 @@ impl AgentHandle {
     /// # Errors
     /// `InputError` when the agent is gone or its log cannot be read back.
     pub async fn log(&self) -> Result<Vec<Event>, InputError> {
+        if matches!(self.slot.current(), SlotState::Dormant)
+            && let Some(host) = self.slot.host.upgrade()
+        {
+            // Dormant: everything is durable, so the store holds the whole log.
+            return host
+                .read_log(self.id())
+                .await
+                .map_err(|reason| InputError::Store {
+                    id: self.id().clone(),
+                    reason,
+                });
+        }
         self.request(|reply| AgentMsg::Log { reply }).await?
     }
 

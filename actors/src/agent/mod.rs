@@ -91,6 +91,8 @@ pub(crate) struct AgentState {
     failed: Option<String>,
     last_activity: Instant,
     hibernate_armed: bool,
+    /// The core went to the registry slot; this actor only stops now.
+    passivated: bool,
 }
 
 impl AgentState {
@@ -739,22 +741,7 @@ impl AgentActor {
             }
             AgentMsg::WhenIdle { reply } => state.idle_waiters.push(reply),
             AgentMsg::Status { reply } => {
-                let inbox = state.core.inbox();
-                deliver(
-                    reply,
-                    StatusReport {
-                        status: state.core.status(),
-                        idle: state.core.is_idle()
-                            && state.core.durable_seq() == state.core.next_seq(),
-                        hibernated: state.core.is_hibernated(),
-                        last_turn: state.core.last_turn(),
-                        next_seq: state.core.next_seq(),
-                        durable_seq: state.core.durable_seq(),
-                        n_pending_turn: inbox.next_turn().len(),
-                        n_pending_step: inbox.next_step().len(),
-                        failed: state.failed.clone(),
-                    },
-                );
+                deliver(reply, StatusReport::of(&state.core, state.failed.clone()));
             }
             AgentMsg::Subscribe { reply } => deliver(reply, self.slot.observers.subscribe()),
             AgentMsg::Log { reply } => match state.core.session() {
@@ -837,20 +824,31 @@ impl AgentActor {
             AgentMsg::HibernateCheck { .. } => {
                 state.hibernate_armed = false;
                 let after = self.runtime.config.hibernate_after.unwrap_or(Duration::MAX);
-                if state.last_activity.elapsed() >= after && state.core.hibernate() {
+                let quiet = state.acks.is_empty()
+                    && state.idle_waiters.is_empty()
+                    && state.stream.is_none()
+                    && state.timer.is_none()
+                    && state.failed.is_none();
+                if quiet && state.last_activity.elapsed() >= after && state.core.hibernate() {
+                    // Passivate: hand the compact core to the registry slot and stop. Messages
+                    // queued behind this one are dropped unhandled and resent by their handles
+                    // to the actor that wakes the agent.
                     debug!(agent = %state.id(), "hibernated");
-                    if let Some(w) = state.writer.take() {
-                        w.stop(None);
-                    }
-                    if let Some(p) = state.pool.take() {
-                        p.stop(None);
-                    }
+                    let placeholder = AgentCore::new(
+                        state.id().clone(),
+                        state.core.config().clone(),
+                        dsh::tools::ToolRegistry::new(),
+                    );
+                    let core = std::mem::replace(&mut state.core, placeholder);
                     state.publishing.clear();
+                    self.slot.passivate(core);
+                    state.passivated = true;
+                    state.myself.stop(Some("hibernated".into()));
                     return Ok(());
                 }
             }
         }
-        if state.failed.is_some() {
+        if state.failed.is_some() || state.passivated {
             return Ok(());
         }
         self.settle(state).await
@@ -897,7 +895,7 @@ impl AgentActor {
             }
             _ => {}
         }
-        if state.failed.is_some() {
+        if state.failed.is_some() || state.passivated {
             return Ok(());
         }
         self.settle(state).await
@@ -928,6 +926,7 @@ impl Actor for AgentActor {
             failed: None,
             last_activity: Instant::now(),
             hibernate_armed: false,
+            passivated: false,
         })
     }
 

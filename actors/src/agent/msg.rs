@@ -36,6 +36,24 @@ pub struct StatusReport {
     pub failed: Option<String>,
 }
 
+impl StatusReport {
+    /// The report of `core` (`failed`: why the agent refuses input, if it does).
+    pub(crate) fn of(core: &dsh::turn::AgentCore, failed: Option<String>) -> StatusReport {
+        let inbox = core.inbox();
+        StatusReport {
+            status: core.status(),
+            idle: core.is_idle() && core.durable_seq() == core.next_seq(),
+            hibernated: core.is_hibernated(),
+            last_turn: core.last_turn(),
+            next_seq: core.next_seq(),
+            durable_seq: core.durable_seq(),
+            n_pending_turn: inbox.next_turn().len(),
+            n_pending_step: inbox.next_step().len(),
+            failed,
+        }
+    }
+}
+
 pub enum AgentMsg {
     // From the handle: acked once the input is durable.
     Followup {
