@@ -330,11 +330,9 @@ async fn hand_turn(
                 let e = Event {
                     seq: session.next_seq,
                     time: now_ms(),
-                    data: EventData::AssistantChunk(dsh::session::event::AssistantChunk {
-                        turn,
-                        step,
-                        chunk,
-                    }),
+                    data: EventData::AssistantChunk(Box::new(
+                        dsh::session::event::AssistantChunk { turn, step, chunk },
+                    )),
                     ignorable: false,
                     source_event_seqs: None,
                     surface_op: None,

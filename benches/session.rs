@@ -55,11 +55,11 @@ impl Mix {
     }
 
     fn chunk(&mut self, turn: u64, step: u64, chunk: StreamChunk) -> u64 {
-        self.log(EventData::AssistantChunk(AssistantChunk {
+        self.log(EventData::AssistantChunk(Box::new(AssistantChunk {
             turn,
             step,
             chunk,
-        }))
+        })))
     }
 
     fn message(
@@ -108,10 +108,10 @@ impl Mix {
                         parameters: json!({"type":"object","properties":{"path":{"type":"string"}}}),
                     }]),
                 };
-                self.log(EventData::RequestHeader(RequestHeaderEvent {
+                self.log(EventData::RequestHeader(Box::new(RequestHeaderEvent {
                     header,
                     reason: HeaderReason::Initial,
-                }));
+                })));
             }
             let mut seqs = vec![self.chunk(
                 turn,
@@ -212,25 +212,25 @@ impl Mix {
                 MessageSource::model("deepseek", "deepseek-chat"),
             );
             self.push(EventDraft::append(
-                EventData::AssistantMessage(AssistantMessageEvent {
+                EventData::AssistantMessage(Box::new(AssistantMessageEvent {
                     turn,
                     step,
                     message: reply,
                     usage: Some(usage),
                     interrupted: None,
-                }),
+                })),
                 Some(seqs),
             ));
             let call_seqs: Vec<(String, u64)> = calls
                 .iter()
                 .map(|id| {
-                    let seq = self.log(EventData::ToolCall(ToolCallEvent {
+                    let seq = self.log(EventData::ToolCall(Box::new(ToolCallEvent {
                         turn,
                         step,
                         call_id: id.clone(),
                         name: "read".into(),
                         arguments: "{\"path\":\"src/lib.rs\"}".into(),
-                    }));
+                    })));
                     (id.clone(), seq)
                 })
                 .collect();
@@ -248,22 +248,22 @@ impl Mix {
                     MessageSource::tool(&id),
                 );
                 self.push(EventDraft::append(
-                    EventData::ToolResult(ToolResultEvent {
+                    EventData::ToolResult(Box::new(ToolResultEvent {
                         turn,
                         step,
                         message: result,
                         error: None,
                         meta: None,
-                    }),
+                    })),
                     Some(vec![seq]),
                 ));
             }
             self.log(EventData::StepEnd(StepRef { turn, step }));
         }
-        self.log(EventData::TurnEnd(TurnEnd {
+        self.log(EventData::TurnEnd(Box::new(TurnEnd {
             turn,
             reason: TurnEndReason::Completed,
-        }));
+        })));
     }
 }
 

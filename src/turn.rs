@@ -913,10 +913,10 @@ impl AgentCore {
         if let Some(reason) = reason {
             self.header_logged = true;
             self.append(
-                EventDraft::log(EventData::RequestHeader(RequestHeaderEvent {
+                EventDraft::log(EventData::RequestHeader(Box::new(RequestHeaderEvent {
                     header,
                     reason,
-                })),
+                }))),
                 now,
             );
         }
@@ -987,11 +987,11 @@ impl AgentCore {
         attempt.assembler.push(&chunk);
         let (turn, step) = (run.turn, run.step);
         let seq = self.append(
-            EventDraft::log(EventData::AssistantChunk(AssistantChunk {
+            EventDraft::log(EventData::AssistantChunk(Box::new(AssistantChunk {
                 turn,
                 step,
                 chunk,
-            })),
+            }))),
             now,
         );
         let Stage::Streaming(attempt) = &mut self.run_mut().stage else {
@@ -1031,7 +1031,7 @@ impl AgentCore {
                 let run = self.run_mut();
                 let (turn, step) = (run.turn, run.step);
                 self.append(
-                    EventDraft::log(EventData::LlmRetry(LlmRetry {
+                    EventDraft::log(EventData::LlmRetry(Box::new(LlmRetry {
                         retry_id: retry.retry_id.clone(),
                         turn,
                         step,
@@ -1042,7 +1042,7 @@ impl AgentCore {
                         max_retries: retry.max_retries,
                         delay_ms: js_number(retry.delay_ms),
                         failure,
-                    })),
+                    }))),
                     now,
                 );
                 let ticket = self.ticket();
@@ -1547,7 +1547,7 @@ impl AgentCore {
         for e in self.session_ref().events().iter().rev() {
             match &e.data {
                 EventData::StepStart(_) => break,
-                EventData::LlmRetry(r) => out.push(r.clone()),
+                EventData::LlmRetry(r) => out.push((**r).clone()),
                 _ => {}
             }
         }
@@ -1607,13 +1607,13 @@ impl AgentCore {
         let (turn, step) = (run.turn, run.step);
         self.append(
             EventDraft::append(
-                EventData::AssistantMessage(AssistantMessageEvent {
+                EventData::AssistantMessage(Box::new(AssistantMessageEvent {
                     turn,
                     step,
                     message,
                     usage: attempt.assembler.usage().cloned(),
                     interrupted: None,
-                }),
+                })),
                 Some(attempt.chunk_seqs),
             ),
             now,
@@ -1812,13 +1812,13 @@ impl AgentCore {
         };
         self.append(
             EventDraft::append(
-                EventData::ToolResult(ToolResultEvent {
+                EventData::ToolResult(Box::new(ToolResultEvent {
                     turn,
                     step,
                     message: Arc::new(message),
                     error: output.error,
                     meta: output.meta,
-                }),
+                })),
                 call_seq.map(|s| vec![s]),
             ),
             now,
@@ -1830,13 +1830,13 @@ impl AgentCore {
         let run = self.run_mut();
         let (turn, step) = (run.turn, run.step);
         self.append(
-            EventDraft::log(EventData::ToolCall(ToolCallEvent {
+            EventDraft::log(EventData::ToolCall(Box::new(ToolCallEvent {
                 turn,
                 step,
                 call_id: call.call_id.clone(),
                 name: call.name.clone(),
                 arguments: call.arguments.clone(),
-            })),
+            }))),
             now,
         )
     }
@@ -1952,10 +1952,10 @@ impl AgentCore {
         if run.turn_open {
             run.turn_open = false;
             self.append(
-                EventDraft::log(EventData::TurnEnd(TurnEnd {
+                EventDraft::log(EventData::TurnEnd(Box::new(TurnEnd {
                     turn,
                     reason: reason.clone(),
-                })),
+                }))),
                 now,
             );
             self.effects.push(Effect::TurnEnded { turn, reason });
@@ -2020,13 +2020,13 @@ impl AgentCore {
                     };
                     self.append(
                         EventDraft::append(
-                            EventData::AssistantMessage(AssistantMessageEvent {
+                            EventData::AssistantMessage(Box::new(AssistantMessageEvent {
                                 turn,
                                 step,
                                 message: Arc::new(message),
                                 usage: attempt.assembler.usage().cloned(),
                                 interrupted: Some(true),
-                            }),
+                            })),
                             Some(attempt.chunk_seqs),
                         ),
                         now,

@@ -128,11 +128,11 @@ impl Gen<'_> {
     }
 
     fn chunk(&mut self, step: u64, chunk: StreamChunk) -> u64 {
-        self.log(EventData::AssistantChunk(AssistantChunk {
+        self.log(EventData::AssistantChunk(Box::new(AssistantChunk {
             turn: self.turn,
             step,
             chunk,
-        }))
+        })))
     }
 
     fn run(mut self) -> Vec<Event> {
@@ -191,7 +191,7 @@ impl Gen<'_> {
             } else {
                 TurnEndReason::Completed
             };
-            self.log(EventData::TurnEnd(TurnEnd { turn, reason }));
+            self.log(EventData::TurnEnd(Box::new(TurnEnd { turn, reason })));
             return;
         }
         let mut step = 0;
@@ -203,7 +203,7 @@ impl Gen<'_> {
                 StepOutcome::End(reason) => break reason,
             }
         };
-        self.log(EventData::TurnEnd(TurnEnd { turn, reason }));
+        self.log(EventData::TurnEnd(Box::new(TurnEnd { turn, reason })));
     }
 
     fn step(&mut self, step: u64) -> StepOutcome {
@@ -240,10 +240,10 @@ impl Gen<'_> {
                 system: Some("be brief".into()),
                 tools: Some(tools),
             };
-            self.log(EventData::RequestHeader(RequestHeaderEvent {
+            self.log(EventData::RequestHeader(Box::new(RequestHeaderEvent {
                 header,
                 reason,
-            }));
+            })));
             if self.pick(2) == 0 {
                 self.log(EventData::RequestContext(RequestContext {
                     provider: "sim".into(),
@@ -282,7 +282,7 @@ impl Gen<'_> {
                 }),
             );
             let retry_id = self.id("retry");
-            self.log(EventData::LlmRetry(LlmRetry {
+            self.log(EventData::LlmRetry(Box::new(LlmRetry {
                 retry_id: retry_id.clone(),
                 turn,
                 step,
@@ -293,7 +293,7 @@ impl Gen<'_> {
                 max_retries: Some(3),
                 delay_ms: 250.into(),
                 failure,
-            }));
+            })));
             self.log(EventData::LlmRetryStarted(LlmRetryStarted {
                 retry_id,
                 turn,
@@ -472,13 +472,13 @@ impl Gen<'_> {
                 let m = self.user_message(MessageSource::plugin("@dsh/tool-context"));
                 self.splice(InboxTarget::NextStep, None, vec![m]);
             }
-            let seq = self.log(EventData::ToolCall(ToolCallEvent {
+            let seq = self.log(EventData::ToolCall(Box::new(ToolCallEvent {
                 turn,
                 step,
                 call_id: id.clone(),
                 name: name.clone(),
                 arguments: "{\"a\":1}".into(),
-            }));
+            })));
             started.push((id.clone(), seq));
         }
         for (id, call_seq) in &started {
@@ -496,13 +496,13 @@ impl Gen<'_> {
         if let Some(at) = abort_at {
             // Calls never started get a synthetic pair each, then the step and turn close.
             for (id, name) in &calls[at.min(calls.len())..] {
-                let seq = self.log(EventData::ToolCall(ToolCallEvent {
+                let seq = self.log(EventData::ToolCall(Box::new(ToolCallEvent {
                     turn,
                     step,
                     call_id: id.clone(),
                     name: name.clone(),
                     arguments: "{\"a\":1}".into(),
-                }));
+                })));
                 let error = ToolErrorInfo {
                     name: "AbortError".into(),
                     code: "ABORTED_BEFORE_DISPATCH".into(),
@@ -557,13 +557,13 @@ impl Gen<'_> {
             source: MessageSource::model("sim", "model-0"),
         });
         self.push(EventDraft::append(
-            EventData::AssistantMessage(AssistantMessageEvent {
+            EventData::AssistantMessage(Box::new(AssistantMessageEvent {
                 turn: self.turn,
                 step,
                 message,
                 usage,
                 interrupted: interrupted.then_some(true),
-            }),
+            })),
             Some(seqs),
         ));
     }
@@ -591,13 +591,13 @@ impl Gen<'_> {
             source: MessageSource::tool(call_id),
         });
         self.push(EventDraft {
-            data: EventData::ToolResult(ToolResultEvent {
+            data: EventData::ToolResult(Box::new(ToolResultEvent {
                 turn: self.turn,
                 step,
                 message,
                 error,
                 meta: None,
-            }),
+            })),
             source_event_seqs: sources,
             surface_op: Some(op),
         });
@@ -612,7 +612,7 @@ impl Gen<'_> {
             .nodes
             .iter()
             .filter_map(|&seq| match &events[seq as usize].data {
-                EventData::ToolResult(r) => Some((seq, r.clone())),
+                EventData::ToolResult(r) => Some((seq, (**r).clone())),
                 _ => None,
             })
             .collect();
@@ -627,10 +627,10 @@ impl Gen<'_> {
             }
         }
         self.push(EventDraft {
-            data: EventData::ToolResult(ToolResultEvent {
+            data: EventData::ToolResult(Box::new(ToolResultEvent {
                 message: Arc::new(message),
                 ..old
-            }),
+            })),
             source_event_seqs: Some(vec![seq]),
             surface_op: Some(SurfaceOp::Replace {
                 start: seq,

@@ -105,7 +105,7 @@ mod tests {
                 .push(EventData::StepEnd(at))
         }
         fn turn_end(self, turn: u64, reason: TurnEndReason) -> Log {
-            self.push(EventData::TurnEnd(TurnEnd { turn, reason }))
+            self.push(EventData::TurnEnd(Box::new(TurnEnd { turn, reason })))
         }
         fn splice(
             self,
@@ -190,13 +190,8 @@ mod tests {
         assert_eq!(folded.end, log.at(11));
         assert!(matches!(
             &folded.end,
-            Some(Event {
-                data: EventData::TurnEnd(TurnEnd {
-                    turn: 2,
-                    reason: TurnEndReason::MaxTokens
-                }),
-                ..
-            })
+            Some(Event { data: EventData::TurnEnd(t), .. })
+                if **t == TurnEnd { turn: 2, reason: TurnEndReason::MaxTokens }
         ));
         assert!(!folded.dropped_unrun);
     }

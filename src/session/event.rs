@@ -173,6 +173,10 @@ impl<'de> Deserialize<'de> for SurfaceOp {
 }
 
 /// The payload of an event, which also determines its `type`.
+///
+/// Payloads larger than a few words are boxed: a log is a `Vec<Event>`, and its element size is the
+/// largest variant's, so boxing the rare large ones (and the chunk, whose inline form is large) keeps
+/// every log in memory, and every move of an event, small.
 #[derive(Clone, Debug, PartialEq)]
 pub enum EventData {
     /// `agent/inbox/spliced`
@@ -180,7 +184,7 @@ pub enum EventData {
     /// `turn/start`
     TurnStart(TurnStart),
     /// `turn/end`
-    TurnEnd(TurnEnd),
+    TurnEnd(Box<TurnEnd>),
     /// `step/start`
     StepStart(StepRef),
     /// `step/end`
@@ -188,19 +192,19 @@ pub enum EventData {
     /// `user/message` — the message itself is the payload.
     UserMessage(Arc<Message>),
     /// `request/header`
-    RequestHeader(RequestHeaderEvent),
+    RequestHeader(Box<RequestHeaderEvent>),
     /// `request/context`
     RequestContext(RequestContext),
     /// `assistant/chunk`
-    AssistantChunk(AssistantChunk),
+    AssistantChunk(Box<AssistantChunk>),
     /// `assistant/message`
-    AssistantMessage(AssistantMessageEvent),
+    AssistantMessage(Box<AssistantMessageEvent>),
     /// `tool/call`
-    ToolCall(ToolCallEvent),
+    ToolCall(Box<ToolCallEvent>),
     /// `tool/result`
-    ToolResult(ToolResultEvent),
+    ToolResult(Box<ToolResultEvent>),
     /// `llm/retry`
-    LlmRetry(LlmRetry),
+    LlmRetry(Box<LlmRetry>),
     /// `llm/retry-started`
     LlmRetryStarted(LlmRetryStarted),
     /// `session/end-seed` (payload `{}`)
@@ -682,7 +686,7 @@ impl<'de> serde::de::Visitor<'de> for EventVisitor {
                 "surfaceOp" => surface_op = Some(map.next_value()?),
                 other => {
                     return Err(A::Error::unknown_field(
-                        &other.to_string(),
+                        other,
                         &[
                             "type",
                             "seq",

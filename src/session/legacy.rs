@@ -233,7 +233,7 @@ pub fn decode_row(tag: RowTag, row: &Map<String, Value>) -> Result<Vec<Event>, L
             Event {
                 seq: seq0 + k as u64,
                 time,
-                data: EventData::AssistantChunk(AssistantChunk { turn, step, chunk }),
+                data: EventData::AssistantChunk(Box::new(AssistantChunk { turn, step, chunk })),
                 ignorable: false,
                 source_event_seqs: None,
                 surface_op: None,
@@ -809,11 +809,11 @@ mod tests {
         Event {
             seq,
             time,
-            data: EventData::AssistantChunk(AssistantChunk {
+            data: EventData::AssistantChunk(Box::new(AssistantChunk {
                 turn: 1,
                 step,
                 chunk,
-            }),
+            })),
             ignorable: false,
             source_event_seqs: None,
             surface_op: None,

@@ -414,7 +414,7 @@ mod tests {
     }
 
     fn assistant(content: Vec<ContentBlock>) -> EventData {
-        EventData::AssistantMessage(AssistantMessageEvent {
+        EventData::AssistantMessage(Box::new(AssistantMessageEvent {
             turn: 1,
             step: 1,
             message: Arc::new(Message {
@@ -425,11 +425,11 @@ mod tests {
             }),
             usage: None,
             interrupted: None,
-        })
+        }))
     }
 
     fn tool_result(call: &str, text: &str) -> EventData {
-        EventData::ToolResult(ToolResultEvent {
+        EventData::ToolResult(Box::new(ToolResultEvent {
             turn: 1,
             step: 1,
             message: Arc::new(Message {
@@ -444,7 +444,7 @@ mod tests {
             }),
             error: None,
             meta: None,
-        })
+        }))
     }
 
     #[test]
@@ -750,10 +750,10 @@ mod catalogue_tests {
             .unwrap();
             let end = s
                 .append(
-                    EventDraft::log(EventData::TurnEnd(TurnEnd {
+                    EventDraft::log(EventData::TurnEnd(Box::new(TurnEnd {
                         turn: 1,
                         reason: reason.clone(),
-                    })),
+                    }))),
                     2,
                 )
                 .unwrap()
@@ -763,7 +763,7 @@ mod catalogue_tests {
             assert_eq!(replayed.events(), s.events());
             assert_eq!(
                 replayed.events()[1].data,
-                EventData::TurnEnd(TurnEnd { turn: 1, reason })
+                EventData::TurnEnd(Box::new(TurnEnd { turn: 1, reason }))
             );
         }
     }
@@ -1287,10 +1287,10 @@ mod catalogue_tests {
     }
 
     fn header_event(h: RequestHeader, reason: HeaderReason) -> EventDraft {
-        EventDraft::log(EventData::RequestHeader(RequestHeaderEvent {
+        EventDraft::log(EventData::RequestHeader(Box::new(RequestHeaderEvent {
             header: h,
             reason,
-        }))
+        })))
     }
 
     /// §9.11 4 and 5. the fold takes the latest snapshot in canonical form, or the supplied baseline

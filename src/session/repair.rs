@@ -138,7 +138,7 @@ pub fn interrupted_turn_closers(events: &[Event]) -> Vec<Event> {
         out.push(Event {
             seq,
             time,
-            data: EventData::ToolResult(ToolResultEvent {
+            data: EventData::ToolResult(Box::new(ToolResultEvent {
                 turn,
                 step: p.step,
                 message: Arc::new(message),
@@ -147,7 +147,7 @@ pub fn interrupted_turn_closers(events: &[Event]) -> Vec<Event> {
                     code: code.into(),
                 }),
                 meta: None,
-            }),
+            })),
             ignorable: false,
             source_event_seqs: sources,
             surface_op: Some(SurfaceOp::Append),
@@ -168,10 +168,10 @@ pub fn interrupted_turn_closers(events: &[Event]) -> Vec<Event> {
     out.push(Event {
         seq,
         time,
-        data: EventData::TurnEnd(TurnEnd {
+        data: EventData::TurnEnd(Box::new(TurnEnd {
             turn,
             reason: TurnEndReason::Interrupted,
-        }),
+        })),
         ignorable: false,
         source_event_seqs: None,
         surface_op: None,
@@ -375,10 +375,10 @@ mod catalogue_tests {
         assert_eq!(kinds(&closers), k(&[(1, "turn/end")]));
         assert_eq!(
             closers[0].data,
-            EventData::TurnEnd(TurnEnd {
+            EventData::TurnEnd(Box::new(TurnEnd {
                 turn: 1,
                 reason: TurnEndReason::Interrupted
-            })
+            }))
         );
         assert_eq!(
             closers[0].time, 100,
@@ -435,10 +435,10 @@ mod catalogue_tests {
         assert_eq!(closers[0].source_event_seqs, None);
         assert_eq!(
             closers[2].data,
-            EventData::TurnEnd(TurnEnd {
+            EventData::TurnEnd(Box::new(TurnEnd {
                 turn: 2,
                 reason: TurnEndReason::Interrupted
-            })
+            }))
         );
     }
 
@@ -495,10 +495,10 @@ mod catalogue_tests {
         );
         assert_eq!(
             closers[2].data,
-            EventData::TurnEnd(TurnEnd {
+            EventData::TurnEnd(Box::new(TurnEnd {
                 turn: 2,
                 reason: TurnEndReason::Interrupted
-            })
+            }))
         );
         assert_repairs(&events, &closers);
     }

@@ -81,11 +81,9 @@ impl TurnWriter {
     }
 
     fn chunk(&mut self, turn: u64, step: u64, chunk: StreamChunk) -> Event {
-        self.push(EventDraft::log(EventData::AssistantChunk(AssistantChunk {
-            turn,
-            step,
-            chunk,
-        })))
+        self.push(EventDraft::log(EventData::AssistantChunk(Box::new(
+            AssistantChunk { turn, step, chunk },
+        ))))
     }
 
     /// The batches of one whole turn with one tool call (two steps), in checkpoint order.
@@ -211,22 +209,24 @@ impl TurnWriter {
             source: MessageSource::model("sim", "sim-1"),
         };
         batch.push(self.push(EventDraft::append(
-            EventData::AssistantMessage(AssistantMessageEvent {
+            EventData::AssistantMessage(Box::new(AssistantMessageEvent {
                 turn,
                 step: 1,
                 message: Arc::new(assistant),
                 usage: Some(usage()),
                 interrupted: None,
-            }),
+            })),
             Some(chunk_seqs),
         )));
-        let call = self.push(EventDraft::log(EventData::ToolCall(ToolCallEvent {
-            turn,
-            step: 1,
-            call_id: call_id.clone(),
-            name: "read".to_string(),
-            arguments,
-        })));
+        let call = self.push(EventDraft::log(EventData::ToolCall(Box::new(
+            ToolCallEvent {
+                turn,
+                step: 1,
+                call_id: call_id.clone(),
+                name: "read".to_string(),
+                arguments,
+            },
+        ))));
         let call_seq = call.seq;
         batch.push(call);
         batches.push(batch);
@@ -244,13 +244,13 @@ impl TurnWriter {
         };
         batches.push(vec![
             self.push(EventDraft::append(
-                EventData::ToolResult(ToolResultEvent {
+                EventData::ToolResult(Box::new(ToolResultEvent {
                     turn,
                     step: 1,
                     message: Arc::new(result),
                     error: None,
                     meta: None,
-                }),
+                })),
                 Some(vec![call_seq]),
             )),
             self.push(EventDraft::log(EventData::StepEnd(StepRef {
@@ -295,7 +295,7 @@ impl TurnWriter {
         ];
         let chunk_seqs: Vec<u64> = batch.iter().map(|e| e.seq).collect();
         batch.push(self.push(EventDraft::append(
-            EventData::AssistantMessage(AssistantMessageEvent {
+            EventData::AssistantMessage(Box::new(AssistantMessageEvent {
                 turn,
                 step: 2,
                 message: Arc::new(Message {
@@ -306,17 +306,19 @@ impl TurnWriter {
                 }),
                 usage: Some(usage()),
                 interrupted: None,
-            }),
+            })),
             Some(chunk_seqs),
         )));
         batch.push(self.push(EventDraft::log(EventData::StepEnd(StepRef {
             turn,
             step: 2,
         }))));
-        batch.push(self.push(EventDraft::log(EventData::TurnEnd(TurnEnd {
-            turn,
-            reason: TurnEndReason::Completed,
-        }))));
+        batch.push(
+            self.push(EventDraft::log(EventData::TurnEnd(Box::new(TurnEnd {
+                turn,
+                reason: TurnEndReason::Completed,
+            })))),
+        );
         batches.push(batch);
         batches
     }

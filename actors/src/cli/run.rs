@@ -185,7 +185,7 @@ mod tests {
     use std::sync::Arc;
 
     fn assistant(turn: u64, text: &str) -> EventData {
-        EventData::AssistantMessage(AssistantMessageEvent {
+        EventData::AssistantMessage(Box::new(AssistantMessageEvent {
             turn,
             step: 1,
             message: Arc::new(Message {
@@ -196,7 +196,7 @@ mod tests {
             }),
             usage: None,
             interrupted: None,
-        })
+        }))
     }
 
     #[test]
@@ -217,10 +217,10 @@ mod tests {
             "earlier",
         ))));
         push(assistant(1, "not ours"));
-        push(EventData::TurnEnd(TurnEnd {
+        push(EventData::TurnEnd(Box::new(TurnEnd {
             turn: 1,
             reason: TurnEndReason::Completed,
-        }));
+        })));
         push(EventData::TurnStart(TurnStart { turn: 2 }));
         push(EventData::UserMessage(Arc::new(Message::user_text(
             prompt.clone(),
@@ -229,10 +229,10 @@ mod tests {
         push(assistant(2, "first"));
         push(assistant(2, ""));
         push(assistant(2, "final"));
-        push(EventData::TurnEnd(TurnEnd {
+        push(EventData::TurnEnd(Box::new(TurnEnd {
             turn: 2,
             reason: TurnEndReason::MaxTokens,
-        }));
+        })));
         let got = outcome(s.events(), &prompt);
         assert_eq!(
             got,
