@@ -346,7 +346,8 @@ struct ToolBatch {
 #[derive(Debug)]
 pub struct AgentCore {
     id: SessionId,
-    config: AgentConfig,
+    /// Shared with the host's record of the agent.
+    config: Arc<AgentConfig>,
     tools: ToolRegistry,
     log: Log,
     inbox: Inbox,
@@ -375,7 +376,12 @@ fn aborted_before_dispatch() -> ToolOutput {
 
 impl AgentCore {
     /// A fresh agent with an empty log.
-    pub fn new(id: SessionId, config: AgentConfig, tools: ToolRegistry) -> AgentCore {
+    pub fn new(
+        id: SessionId,
+        config: impl Into<Arc<AgentConfig>>,
+        tools: ToolRegistry,
+    ) -> AgentCore {
+        let config = config.into();
         AgentCore {
             log: Log::Live(Session::new(id.clone())),
             id,
@@ -400,11 +406,12 @@ impl AgentCore {
     /// `ResumeError` when the log is invalid, its inbox splices do not replay, or a turn is open.
     pub fn resume(
         id: SessionId,
-        config: AgentConfig,
+        config: impl Into<Arc<AgentConfig>>,
         tools: ToolRegistry,
         events: Vec<Event>,
         now: i64,
     ) -> Result<AgentCore, ResumeError> {
+        let config = config.into();
         if !crate::session::invariant::is_balanced(&events) {
             let turn = events
                 .iter()
@@ -451,6 +458,11 @@ impl AgentCore {
     }
 
     pub fn config(&self) -> &AgentConfig {
+        &self.config
+    }
+
+    /// The shared configuration.
+    pub fn config_arc(&self) -> &Arc<AgentConfig> {
         &self.config
     }
 

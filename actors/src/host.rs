@@ -150,6 +150,8 @@ pub enum HostError {
 struct AgentRecord {
     slot: Arc<AgentSlot>,
     spec: AgentSpec,
+    /// `spec.config`, shared with every core of this agent.
+    config: Arc<AgentConfig>,
     /// Restart times within the window.
     restarts: Mutex<VecDeque<Instant>>,
 }
@@ -281,7 +283,7 @@ impl Host {
             });
         }
         let tools = self.registry.runtime.tools.layered(&spec.tools);
-        let core = AgentCore::new(id.clone(), spec.config.clone(), tools);
+        let core = AgentCore::new(id.clone(), Arc::clone(&record.config), tools);
         if let Err(e) = self.registry.spawn(&record, core).await {
             self.registry.agents.remove(&id);
             return Err(e);
@@ -337,6 +339,7 @@ impl Host {
                         self.registry.runtime.config.limits.subscriber_buffer_max,
                         Arc::downgrade(&self.registry),
                     )),
+                    config: Arc::new(spec.config.clone()),
                     spec: spec.clone(),
                     restarts: Mutex::new(VecDeque::new()),
                 });
@@ -486,7 +489,7 @@ impl Registry {
         let tools = self.runtime.tools.layered(&record.spec.tools);
         let core = AgentCore::resume(
             id.clone(),
-            record.spec.config.clone(),
+            Arc::clone(&record.config),
             tools,
             loaded.events,
             now_ms(),

@@ -10,7 +10,10 @@ use crate::tools::{ExecutionMode, Tool, ToolArgs};
 #[derive(Clone, Default)]
 pub struct ToolRegistry {
     /// Invariant: keyed by `tool.name()`; iteration order is the canonical header order.
-    by_name: BTreeMap<String, Arc<dyn Tool>>,
+    ///
+    /// Shared: every agent of a host holds the same map until one registers a tool of its own
+    /// (copy on write), so a clone costs a reference count.
+    by_name: Arc<BTreeMap<String, Arc<dyn Tool>>>,
 }
 
 impl ToolRegistry {
@@ -20,7 +23,7 @@ impl ToolRegistry {
 
     /// Registers `tool`, replacing any earlier tool of the same name.
     pub fn register(&mut self, tool: Arc<dyn Tool>) {
-        self.by_name.insert(tool.name().to_string(), tool);
+        Arc::make_mut(&mut self.by_name).insert(tool.name().to_string(), tool);
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
@@ -60,11 +63,16 @@ impl ToolRegistry {
 
     /// Merges `other` over `self` (per-agent tools over host tools).
     pub fn layered(&self, other: &ToolRegistry) -> ToolRegistry {
-        let mut by_name = self.by_name.clone();
-        for (k, v) in &other.by_name {
+        if other.by_name.is_empty() {
+            return self.clone();
+        }
+        let mut by_name = (*self.by_name).clone();
+        for (k, v) in other.by_name.iter() {
             by_name.insert(k.clone(), Arc::clone(v));
         }
-        ToolRegistry { by_name }
+        ToolRegistry {
+            by_name: Arc::new(by_name),
+        }
     }
 }
 

@@ -836,11 +836,19 @@ impl AgentActor {
                     debug!(agent = %state.id(), "hibernated");
                     let placeholder = AgentCore::new(
                         state.id().clone(),
-                        state.core.config().clone(),
+                        Arc::clone(state.core.config_arc()),
                         dsh::tools::ToolRegistry::new(),
                     );
                     let core = std::mem::replace(&mut state.core, placeholder);
                     state.publishing.clear();
+                    // Nothing is pending anywhere (all durable, no stream, no tool): stop the
+                    // children outright instead of draining them in `post_stop`.
+                    if let Some(w) = state.writer.take() {
+                        w.stop(None);
+                    }
+                    if let Some(p) = state.pool.take() {
+                        p.stop(None);
+                    }
                     self.slot.passivate(core);
                     state.passivated = true;
                     state.myself.stop(Some("hibernated".into()));
