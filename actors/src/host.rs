@@ -398,7 +398,7 @@ impl Host {
             .map(|r| Arc::clone(&r))
             .ok_or_else(|| HostError::NotFound { id: id.clone() })?;
         match record.slot.current() {
-            SlotState::Live(actor) => {
+            SlotState::Live(actor, _) => {
                 record.slot.set(SlotState::Restarting);
                 self.registry.by_actor.remove(&actor.get_id());
                 let _ = actor.kill_and_wait(Some(Duration::from_secs(10))).await;
@@ -442,12 +442,13 @@ impl Registry {
             runtime: Arc::clone(&self.runtime),
             slot: Arc::clone(&record.slot),
             hooks: self.runtime.hooks.layered(&record.spec.hooks),
+            passivated: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
         let (agent, _) = Actor::spawn_linked(None, actor, AgentArgs { core }, host_cell)
             .await
             .map_err(|e| HostError::Spawn(e.to_string()))?;
+        // The actor published itself as `Live` in `pre_start`: it may already have passivated.
         self.by_actor.insert(agent.get_id(), record.slot.id.clone());
-        record.slot.set(SlotState::Live(agent));
         Ok(())
     }
 
@@ -517,7 +518,7 @@ impl Registry {
         {
             let _ = handle.when_idle_for(timeout).await;
         }
-        if let SlotState::Live(actor) = record.slot.current() {
+        if let SlotState::Live(actor, _) = record.slot.current() {
             self.by_actor.remove(&actor.get_id());
             let _ = actor.stop_and_wait(None, Some(timeout)).await;
         }

@@ -117,6 +117,14 @@ impl Event {
     pub fn from_json(json: &str) -> Result<Event, EventParseError> {
         serde_json::from_str(json).map_err(|e| EventParseError(e.to_string()))
     }
+
+    /// Parses one v0 event from bytes (UTF-8 is checked as the strings are read).
+    ///
+    /// # Errors
+    /// As `from_json`, and when the bytes are not UTF-8.
+    pub fn from_json_bytes(json: &[u8]) -> Result<Event, EventParseError> {
+        serde_json::from_slice(json).map_err(|e| EventParseError(e.to_string()))
+    }
 }
 
 /// Why a JSON text is not a valid v0 event.

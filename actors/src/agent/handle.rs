@@ -10,9 +10,10 @@
 //! and the host spawns a new actor over it. `status`, `when_idle`, `log` and `subscribe` answer a
 //! dormant agent without waking it. A message that raced the actor's passivation (it reached the
 //! mailbox after the actor decided to stop) was never handled; the handle sends it again to the new
-//! actor, which the passivation counter tells apart from a crash (after which nothing is resent).
+//! actor. Each actor incarnation carries a flag it sets before it passivates, which tells that apart
+//! from a crash of the very actor the message went to (after which nothing is resent).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -57,7 +58,8 @@ pub enum InputError {
 /// Where an agent's current actor is.
 #[derive(Clone, Debug)]
 pub(crate) enum SlotState {
-    Live(ActorRef<AgentMsg>),
+    /// An actor runs the agent; the flag is set by that actor (and no other) before it passivates.
+    Live(ActorRef<AgentMsg>, Arc<AtomicBool>),
     /// Hibernated without an actor: the core is in `AgentSlot::dormant`.
     Dormant,
     /// A caller took the dormant core and the host is spawning its actor.
@@ -79,9 +81,6 @@ pub(crate) struct AgentSlot {
     ///
     /// Invariant: `Some` exactly while `state` is `Dormant`; both change under this lock.
     pub(crate) dormant: Mutex<Option<Box<AgentCore>>>,
-    /// Times an actor of this agent passivated. A request whose reply was dropped is resent only if
-    /// this moved meanwhile (the message was never handled), never after a crash.
-    pub(crate) n_passivations: AtomicU64,
     /// The host that spawns this agent's actors.
     pub(crate) host: Weak<crate::host::Registry>,
 }
@@ -98,7 +97,6 @@ impl AgentSlot {
             observers: Channel::new(subscriber_buffer_max),
             write_fence: Arc::new(tokio::sync::Mutex::new(())),
             dormant: Mutex::new(None),
-            n_passivations: AtomicU64::new(0),
             host,
         }
     }
@@ -120,7 +118,6 @@ impl AgentSlot {
     pub(crate) fn passivate(&self, core: AgentCore) {
         let mut dormant = self.dormant_lock();
         *dormant = Some(Box::new(core));
-        self.n_passivations.fetch_add(1, Ordering::SeqCst);
         self.set(SlotState::Dormant);
     }
 
@@ -151,12 +148,13 @@ impl AgentHandle {
         &self.slot.id
     }
 
-    async fn actor(&self) -> Result<ActorRef<AgentMsg>, InputError> {
+    /// The live actor and its passivation flag, waking a dormant agent.
+    async fn actor(&self) -> Result<(ActorRef<AgentMsg>, Arc<AtomicBool>), InputError> {
         let mut rx = self.slot.state.subscribe();
         loop {
             let state = rx.borrow_and_update().clone();
             match state {
-                SlotState::Live(actor) => return Ok(actor),
+                SlotState::Live(actor, passivated) => return Ok((actor, passivated)),
                 SlotState::Failed(reason) => {
                     return Err(InputError::Failed {
                         id: self.id().clone(),
@@ -202,19 +200,27 @@ impl AgentHandle {
 
     async fn request<T>(&self, build: impl Fn(Reply<T>) -> AgentMsg) -> Result<T, InputError> {
         loop {
-            let n_passivations = self.slot.n_passivations.load(Ordering::SeqCst);
-            let actor = self.actor().await?;
+            let (actor, passivated) = self.actor().await?;
             let (tx, rx) = oneshot::channel();
             let handled = actor.cast(build(tx)).is_ok();
             if handled && let Ok(answer) = rx.await {
                 return Ok(answer);
             }
-            // Dropped unanswered. If the actor passivated meanwhile, it stopped before handling the
-            // message (passivation needs every acknowledgement settled): send it to the new actor.
-            if self.slot.n_passivations.load(Ordering::SeqCst) == n_passivations {
+            // Dropped unanswered. If that actor passivated, it stopped before handling the message
+            // (passivation needs every acknowledgement settled; the flag is set before it stops, so
+            // before the message is dropped): send it to the actor that wakes the agent.
+            if !passivated.load(Ordering::SeqCst) {
                 return Err(InputError::Interrupted {
                     id: self.id().clone(),
                 });
+            }
+            // The flag is set just before the slot turns dormant: wait for that instead of spinning.
+            let mut rx = self.slot.state.subscribe();
+            while matches!(&*rx.borrow_and_update(), SlotState::Live(a, _) if a.get_id() == actor.get_id())
+            {
+                if rx.changed().await.is_err() {
+                    break;
+                }
             }
         }
     }
@@ -361,7 +367,7 @@ impl AgentHandle {
     /// `InputError` when the agent is gone.
     #[cfg(feature = "fault-injection")]
     pub async fn inject_panic(&self) -> Result<(), InputError> {
-        let actor = self.actor().await?;
+        let (actor, _) = self.actor().await?;
         actor
             .cast(AgentMsg::Panic)
             .map_err(|_| InputError::Interrupted {
@@ -375,7 +381,7 @@ impl AgentHandle {
     /// `InputError` when the agent is gone.
     #[cfg(feature = "fault-injection")]
     pub async fn inject_tool_pool_panic(&self) -> Result<(), InputError> {
-        let actor = self.actor().await?;
+        let (actor, _) = self.actor().await?;
         actor
             .cast(AgentMsg::PanicToolPool)
             .map_err(|_| InputError::Interrupted {
@@ -398,7 +404,7 @@ impl AgentHandle {
             .request(|reply| AgentMsg::BeginMaintenance { reply })
             .await??;
         let out = task(token).await;
-        if let Ok(actor) = self.actor().await {
+        if let Ok((actor, _)) = self.actor().await {
             let _ = actor.cast(AgentMsg::EndMaintenance);
         }
         Ok(out)

@@ -59,6 +59,8 @@ pub(crate) struct AgentActor {
     pub(crate) runtime: Arc<Runtime>,
     pub(crate) slot: Arc<AgentSlot>,
     pub(crate) hooks: Hooks,
+    /// Set (before the core is handed over) when this actor passivates; see `AgentHandle::request`.
+    pub(crate) passivated: Arc<std::sync::atomic::AtomicBool>,
 }
 
 pub(crate) struct AgentArgs {
@@ -566,7 +568,6 @@ impl AgentActor {
                 deliver(w, ());
             }
         }
-        state.last_activity = Instant::now();
         if let Some(after) = self.runtime.config.hibernate_after
             && !state.hibernate_armed
             && state.core.is_idle()
@@ -688,6 +689,19 @@ impl AgentActor {
         state: &mut AgentState,
     ) -> Result<(), ActorProcessingErr> {
         let now = now_ms();
+        // Looking at an agent is not activity: polling `status` must not keep it awake.
+        let looking = matches!(
+            msg,
+            AgentMsg::Status { .. }
+                | AgentMsg::WhenIdle { .. }
+                | AgentMsg::Log { .. }
+                | AgentMsg::LogReadForCaller { .. }
+                | AgentMsg::Subscribe { .. }
+                | AgentMsg::HibernateCheck { .. }
+        );
+        if !looking {
+            state.last_activity = Instant::now();
+        }
         match msg {
             AgentMsg::Followup { msg, reply }
             | AgentMsg::Steer { msg, reply }
@@ -849,6 +863,8 @@ impl AgentActor {
                     if let Some(p) = state.pool.take() {
                         p.stop(None);
                     }
+                    self.passivated
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
                     self.slot.passivate(core);
                     state.passivated = true;
                     state.myself.stop(Some("hibernated".into()));
@@ -920,6 +936,12 @@ impl Actor for AgentActor {
         myself: ActorRef<AgentMsg>,
         args: AgentArgs,
     ) -> Result<AgentState, ActorProcessingErr> {
+        // Published here, before any handler can run, so a quick passivation (which sets `Dormant`)
+        // can never be overwritten by a late `Live` from the spawner.
+        self.slot.set(SlotState::Live(
+            myself.clone(),
+            Arc::clone(&self.passivated),
+        ));
         Ok(AgentState {
             core: args.core,
             myself,

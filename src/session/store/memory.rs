@@ -33,7 +33,8 @@ use crate::session::store::{
 #[derive(Clone, Debug)]
 struct Row {
     seq: u64,
-    kind: String,
+    /// Shared, so copying rows out of the lock to parse them costs no allocation.
+    kind: std::sync::Arc<str>,
     json: Bytes,
 }
 
@@ -140,7 +141,7 @@ impl MemoryStore {
         }
         session.rows.push(Row {
             seq,
-            kind: kind.to_string(),
+            kind: kind.into(),
             json: json.into(),
         });
         Ok(())
@@ -164,7 +165,7 @@ impl MemoryStore {
             .get_mut(id)
             .and_then(|s| s.rows.iter_mut().find(|r| r.seq == seq))
             .ok_or_else(|| StoreError::NotFound { id: id.clone() })?;
-        row.kind = kind.to_string();
+        row.kind = kind.into();
         row.json = json.into();
         Ok(())
     }
@@ -214,7 +215,7 @@ impl MemoryStore {
 fn rows_of(events: Vec<EncodedEvent>) -> impl Iterator<Item = Row> {
     events.into_iter().map(|e| Row {
         seq: e.seq,
-        kind: e.kind,
+        kind: e.kind.into(),
         json: e.json,
     })
 }

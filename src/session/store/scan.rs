@@ -162,9 +162,7 @@ impl<'l> Scanner<'l> {
         let Some(json) = row.json else {
             return Err("the stored event is not text".to_string());
         };
-        let text =
-            std::str::from_utf8(json).map_err(|e| format!("the stored event is not UTF-8: {e}"))?;
-        let event = Event::from_json(text).map_err(|e| e.to_string())?;
+        let event = Event::from_json_bytes(json).map_err(|e| e.to_string())?;
         if event.seq != seq {
             return Err(format!(
                 "the row for seq {seq} holds an event with seq {}",
