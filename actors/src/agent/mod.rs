@@ -179,6 +179,11 @@ impl AgentActor {
         let id = state.id().clone();
         let myself = state.myself.clone();
         tokio::spawn(async move {
+            // A task spawned from a worker takes that worker's LIFO slot and runs before the tasks
+            // this handler just woke (the session writer acknowledging the waking input): without
+            // this yield, the first input of a hibernated agent was acknowledged only after its
+            // whole log was parsed (2.3 ms instead of 0.47 ms for ~1,000 events, `wake` bench).
+            tokio::task::yield_now().await;
             let result = store
                 .load(&id)
                 .await
