@@ -485,3 +485,156 @@ async fn bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
     );
     w.host.shutdown().await;
 }
+
+/// A memory store whose first `n_slow` reads (`load` or `inspect`) take 150 ms, and which counts
+/// the repair closers any `load` wrote.
+struct SlowFirstReads {
+    inner: dsh::session::store::memory::MemoryStore,
+    n_slow: std::sync::atomic::AtomicUsize,
+    n_repaired: std::sync::atomic::AtomicUsize,
+}
+
+impl SlowFirstReads {
+    async fn maybe_slow(&self) {
+        use std::sync::atomic::Ordering;
+        let slow = self
+            .n_slow
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if slow {
+            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl dsh::session::store::SessionStore for SlowFirstReads {
+    fn name(&self) -> &'static str {
+        "slow-first-reads"
+    }
+    async fn create(
+        &self,
+        header: &dsh::session::event::SessionHeader,
+    ) -> Result<(), dsh::session::store::StoreError> {
+        self.inner.create(header).await
+    }
+    async fn append(
+        &self,
+        id: &dsh::SessionId,
+        events: Vec<dsh::session::store::EncodedEvent>,
+    ) -> Result<(), dsh::session::store::StoreError> {
+        self.inner.append(id, events).await
+    }
+    async fn load(
+        &self,
+        id: &dsh::SessionId,
+    ) -> Result<dsh::session::store::LoadedSession, dsh::session::store::StoreError> {
+        self.maybe_slow().await;
+        let loaded = self.inner.load(id).await?;
+        self.n_repaired
+            .fetch_add(loaded.n_repaired, std::sync::atomic::Ordering::SeqCst);
+        Ok(loaded)
+    }
+    async fn inspect(
+        &self,
+        id: &dsh::SessionId,
+    ) -> Result<dsh::session::store::Inspection, dsh::session::store::StoreError> {
+        self.maybe_slow().await;
+        self.inner.inspect(id).await
+    }
+    async fn list(
+        &self,
+    ) -> Result<Vec<dsh::session::store::SessionSummary>, dsh::session::store::StoreError> {
+        self.inner.list().await
+    }
+    async fn delete(&self, id: &dsh::SessionId) -> Result<bool, dsh::session::store::StoreError> {
+        self.inner.delete(id).await
+    }
+    async fn header(
+        &self,
+        id: &dsh::SessionId,
+    ) -> Result<Option<dsh::session::event::SessionHeader>, dsh::session::store::StoreError> {
+        self.inner.header(id).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_read_back_never_writes_into_the_turn_that_followed() {
+    // A hibernated agent reads its log back when input wakes it. If that turn is cancelled while
+    // the read is slow, the next turn reads again and runs; the first read then lands while the
+    // second turn is open in the store. It must not "repair" (close) that live turn: the agent's
+    // next append would then collide with the closers and the agent would fail.
+    let store = Arc::new(SlowFirstReads {
+        inner: dsh::session::store::memory::MemoryStore::new(),
+        n_slow: std::sync::atomic::AtomicUsize::new(0),
+        n_repaired: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let gates = dsh::llm::script::Gates::new();
+    let script = dsh::llm::script::ScriptProvider::new(
+        vec![ScriptEntry::text("held open").gate("g", 1)],
+        gates.clone(),
+    );
+    let mut providers = dsh::llm::provider::ProviderRegistry::new();
+    providers.register(Arc::new(script.clone()));
+    let host =
+        dsh_actors::Host::builder(Arc::clone(&store) as Arc<dyn dsh::session::store::SessionStore>)
+            .providers(providers)
+            .config(dsh_actors::HostConfig {
+                hibernate_after: Some(std::time::Duration::from_millis(5)),
+                ..dsh_actors::HostConfig::default()
+            })
+            .start()
+            .await
+            .expect("host starts");
+    let agent = host
+        .create(dsh_actors::AgentSpec::new(dsh::turn::AgentConfig::new(
+            "script", "m",
+        )))
+        .await
+        .expect("agent created");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !agent.status().await.expect("status").hibernated {
+        assert!(tokio::time::Instant::now() < deadline, "never hibernated");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    store.n_slow.store(1, std::sync::atomic::Ordering::SeqCst);
+    agent.followup(user("first")).await.expect("acked");
+    agent
+        .cancel(CancelCause::User, false)
+        .await
+        .expect("cancel acked");
+    agent.when_idle().await.expect("idle");
+    agent.followup(user("second")).await.expect("acked");
+    // The second turn streams and holds; the slow first read lands meanwhile.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while script.requests().is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "no request");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    gates.open("g");
+    agent.when_idle().await.expect("idle");
+    let status = agent.status().await.expect("status");
+    assert_eq!(status.failed, None, "the agent failed");
+    assert_eq!(
+        store.n_repaired.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a read-back repaired a live log"
+    );
+    let log = dsh::session::store::SessionStore::load(&store.inner, agent.id())
+        .await
+        .expect("stored")
+        .events;
+    assert_valid(&log);
+    let ends: Vec<String> = log
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::TurnEnd(t) => Some(format!("{:?}", t.reason)),
+            _ => None,
+        })
+        .collect();
+    // The cancel came before the first turn opened (its log was still being read): it discarded
+    // the first prompt with a logged splice, and only the second turn ran.
+    assert_eq!(ends, ["Completed"], "{:?}", kinds(&log));
+    host.shutdown().await;
+}

@@ -470,11 +470,13 @@ impl Registry {
     /// # Errors
     /// The store's failure, as text.
     pub(crate) async fn read_log(&self, id: &SessionId) -> Result<Vec<Event>, String> {
+        // Read-only: the agent may wake and open a turn while this reads, which a repairing
+        // `load` would close behind its back.
         self.runtime
             .store
-            .load(id)
+            .inspect(id)
             .await
-            .map(|l| l.events)
+            .map(|found| found.events)
             .map_err(|e| e.to_string())
     }
 

@@ -1,5 +1,8 @@
 //! The `dsh` command line: parses flags, environment and `dsh.toml`, runs one subcommand, and turns
 //! any failure into one line on stderr and a non-zero exit code.
+//!
+//! Diagnostics: `DSH_LOG` takes a `tracing` filter (`DSH_LOG=warn`, `DSH_LOG=dsh_actors=debug`) and
+//! writes to stderr. Unset, nothing is logged. Message content is only ever logged at `trace`.
 
 use std::process::ExitCode;
 
@@ -7,5 +10,17 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = dsh_actors::cli::Cli::parse();
+    if let Ok(filter) = std::env::var("DSH_LOG") {
+        match tracing_subscriber::EnvFilter::try_new(&filter) {
+            Ok(filter) => tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                .init(),
+            Err(e) => {
+                eprintln!("dsh: DSH_LOG: {e}");
+                return ExitCode::from(64);
+            }
+        }
+    }
     dsh_actors::cli::main(cli)
 }

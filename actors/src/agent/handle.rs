@@ -210,8 +210,18 @@ impl AgentHandle {
             // (passivation needs every acknowledgement settled; the flag is set before it stops, so
             // before the message is dropped): send it to the actor that wakes the agent.
             if !passivated.load(Ordering::SeqCst) {
-                return Err(InputError::Interrupted {
-                    id: self.id().clone(),
+                // An agent that failed marks its slot before it stops: say why, not "interrupted".
+                return Err(match self.slot.current() {
+                    SlotState::Failed(reason) => InputError::Failed {
+                        id: self.id().clone(),
+                        reason,
+                    },
+                    SlotState::Disposed => InputError::Disposed {
+                        id: self.id().clone(),
+                    },
+                    _ => InputError::Interrupted {
+                        id: self.id().clone(),
+                    },
                 });
             }
             // The flag is set just before the slot turns dormant: wait for that instead of spinning.

@@ -184,10 +184,13 @@ impl AgentActor {
             // this yield, the first input of a hibernated agent was acknowledged only after its
             // whole log was parsed (2.3 ms instead of 0.47 ms for ~1,000 events, `wake` bench).
             tokio::task::yield_now().await;
+            // `inspect`, never `load`: a load repairs a log whose last turn is open, and this log
+            // may be open right now, written by this agent (a read-back whose turn was cancelled
+            // can still be running when the next turn starts, even in a later actor).
             let result = store
-                .load(&id)
+                .inspect(&id)
                 .await
-                .map(|loaded| loaded.events)
+                .map(|found| found.events)
                 .map_err(|e| e.to_string());
             let _ = myself.cast(report(result));
         });
