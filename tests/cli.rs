@@ -68,7 +68,8 @@ struct Sandbox {
 }
 
 /// Environment variables that would leak the developer's setup into a test.
-const SCRUBBED_VARS: [&str; 8] = [
+const SCRUBBED_VARS: [&str; 9] = [
+    "DSH_LOG",
     "DSH_DATA_DIR",
     "DSH_PROVIDER",
     "DSH_BASE_URL",
@@ -645,6 +646,39 @@ fn bad_input_is_one_line_and_writes_nothing() {
         assert_eq!(sb.snapshot(), before, "{args:?} changed the store");
     }
     assert!(!sb.path().join("out.jsonl").exists());
+}
+
+#[test]
+fn dsh_log_turns_on_diagnostics_on_stderr_and_a_bad_filter_is_one_line() {
+    let sb = Sandbox::new();
+    let script = sb.script("s.json", serde_json::json!([{"text": "fine"}]));
+    let script = script.to_str().expect("utf-8");
+    let r = Run::from(
+        sb.command(&["run", "--script", script, "hi"])
+            .env("DSH_LOG", "dsh_actors=debug")
+            .output()
+            .expect("dsh runs"),
+    );
+    assert_eq!(r.code, Some(0), "{r:#?}");
+    assert_eq!(r.stdout, "fine\n", "diagnostics stay off stdout: {r:#?}");
+    assert!(
+        r.stderr.contains("turn ended") && r.stderr.contains("completed"),
+        "{r:#?}"
+    );
+    assert!(
+        !r.stderr.contains("hi\""),
+        "no message content below trace: {r:#?}"
+    );
+
+    let before = sb.snapshot();
+    let r = Run::from(
+        sb.command(&["sessions"])
+            .env("DSH_LOG", "dsh_actors=[")
+            .output()
+            .expect("dsh runs"),
+    );
+    r.assert_one_line_error(64, "DSH_LOG");
+    assert_eq!(sb.snapshot(), before);
 }
 
 #[test]
