@@ -29,7 +29,8 @@
 //! kernel may have dropped the dirty pages, so retrying and calling the data safe would be a lie.
 //! Reads keep working. (Whether the failed group is on disk after a crash is unknown — its waiters were
 //! told it failed, not that it was lost.) The writer checkpoints the WAL itself (`wal_autocheckpoint`
-//! is off) so that a failed checkpoint sync poisons too instead of being ignored by SQLite.
+//! is off), on a connection of its own beside the commits, so that a failed checkpoint sync poisons
+//! too instead of being ignored by SQLite.
 //!
 //! The read path. `load`, `inspect`, `list` and `header` read through a small pool of read-only
 //! connections on the blocking pool (WAL lets them run beside the writer). `load` and `inspect` scan
@@ -115,7 +116,8 @@ pub struct SqliteConfig {
     /// Read connections kept open between reads. 4: reads are short, and each idle connection holds
     /// a page cache.
     pub readers_idle_max: usize,
-    /// WAL bytes written after which the writer checkpoints (passively, after answering the group).
+    /// WAL bytes written after which a passive checkpoint starts, on its own connection, beside the
+    /// commits.
     /// 16 MiB.
     pub checkpoint_after_bytes: u64,
     /// Route every file operation through a wrapping VFS whose `xSync` tests can make fail or wait
@@ -408,6 +410,15 @@ fn open_connection(path: &Path, vfs: Option<&Arc<FaultVfs>>) -> rusqlite::Result
 fn open_reader(path: &Path, vfs: Option<&Arc<FaultVfs>>) -> rusqlite::Result<Db> {
     let db = open_connection(path, vfs)?;
     db.pragma_update(None, "query_only", true)?;
+    Ok(db)
+}
+
+/// Opens the connection that runs the writer's checkpoints beside its commits: it syncs the database
+/// file (`synchronous=FULL`) and never writes rows.
+fn open_checkpointer(path: &Path, vfs: Option<&Arc<FaultVfs>>) -> rusqlite::Result<Db> {
+    let db = open_connection(path, vfs)?;
+    db.pragma_update(None, "synchronous", "FULL")?;
+    db.pragma_update(None, "wal_autocheckpoint", 0)?;
     Ok(db)
 }
 

@@ -4,9 +4,12 @@
 //! `run_writer` waits for a request, takes every request queued behind it (all sessions, at most
 //! `SqliteConfig::queue_requests_max`), and hands the group to one blocking job on tokio's blocking
 //! pool (`commit_group`): one `BEGIN IMMEDIATE … COMMIT` — one WAL fsync — then every waiter is
-//! answered, then a passive checkpoint runs if enough WAL was written. Only then does the task take
-//! the next group, so requests that arrive during a commit form the next group and there is never a
-//! timer. Running the commit under `spawn_blocking` rather than on a thread of our own keeps tokio's
+//! answered. Only then does the task take the next group, so requests that arrive during a commit
+//! form the next group and there is never a timer. When enough WAL was written, a passive checkpoint
+//! runs beside the commits, on a connection of its own (`run_checkpoint`): it copies WAL pages into
+//! the database and syncs it, which took 50–60 ms per 16 MiB here, and commits must not wait for it
+//! (they did until 2026-11-30, which put every acknowledgement queued meanwhile behind it). At most
+//! one checkpoint runs at a time; a close waits for it. Running the commit under `spawn_blocking` rather than on a thread of our own keeps tokio's
 //! paused test clock from jumping while an fsync runs (STYLE §5, tokio#5115).
 //!
 //! What must stay true: requests reach this queue already validated and reserved (`sqlite.rs`), so a
@@ -88,13 +91,15 @@ pub(super) struct Writer {
     pub(super) wal_bytes_since_checkpoint: u64,
 }
 
-/// The writer task: owns the queue; one blocking commit job at a time.
+/// The writer task: owns the queue; one blocking commit job at a time, and at most one checkpoint
+/// job beside it.
 pub(super) async fn run_writer(
     shared: Arc<Shared>,
     mut rx: mpsc::Receiver<Request>,
     writer: Writer,
 ) {
     let mut writer = Some(writer);
+    let mut checkpointer = Checkpointer::default();
     let group_requests_max = shared.config.queue_requests_max;
     while let Some(first) = rx.recv().await {
         let mut group = Vec::with_capacity(rx.len().saturating_add(1).min(group_requests_max));
@@ -117,7 +122,10 @@ pub(super) async fn run_writer(
                         w
                     });
                     match job.await {
-                        Ok(w) => writer = Some(w),
+                        Ok(mut w) => {
+                            checkpointer.start_if_due(&shared, &mut w);
+                            writer = Some(w);
+                        }
                         // The group's waiters see their reply channels dropped.
                         Err(e) => shared.poison(format!("the commit job failed: {e}")),
                     }
@@ -135,7 +143,8 @@ pub(super) async fn run_writer(
             }
         }
         if let Some(mut rest) = after_close {
-            // Close the connection (and release the lock) before answering the close.
+            // Close the connections (and release the lock) before answering the close.
+            checkpointer.finish().await;
             drop(writer.take());
             let close = rest.remove(0);
             answer_all(rest, || StoreError::Closed);
@@ -205,9 +214,6 @@ fn commit_group(shared: &Shared, writer: &mut Writer, group: Vec<Request>) {
                 }
             }
             writer.wal_bytes_since_checkpoint += n_bytes;
-            if writer.wal_bytes_since_checkpoint >= shared.config.checkpoint_after_bytes {
-                checkpoint(shared, writer);
-            }
         }
         Err(e) => {
             let cause = format!(
@@ -280,19 +286,77 @@ fn write_group(conn: &mut Connection, group: &[Request]) -> rusqlite::Result<()>
     tx.commit()
 }
 
-/// A passive checkpoint after the group was answered. A failure poisons: the checkpoint's fsync of
-/// the database file is as much a sync as the commit's.
-fn checkpoint(shared: &Shared, writer: &mut Writer) {
+/// The checkpoint job beside the commits, and its connection between jobs.
+#[derive(Default)]
+struct Checkpointer {
+    running: Option<tokio::task::JoinHandle<Option<Db>>>,
+    idle: Option<Db>,
+}
+
+impl Checkpointer {
+    /// Starts a checkpoint if enough WAL was written since the last one started and none runs.
+    fn start_if_due(&mut self, shared: &Arc<Shared>, writer: &mut Writer) {
+        if writer.wal_bytes_since_checkpoint < shared.config.checkpoint_after_bytes
+            || shared.poison.get().is_some()
+        {
+            return;
+        }
+        if let Some(job) = &self.running {
+            if !job.is_finished() {
+                // Still copying the previous batch: the next group tries again.
+                return;
+            }
+            if let Some(job) = self.running.take() {
+                // Finished: `now_or_never` cannot miss its output.
+                self.idle = finished_output(job);
+            }
+        }
+        writer.wal_bytes_since_checkpoint = 0;
+        let db = self.idle.take();
+        let shared = Arc::clone(shared);
+        self.running = Some(tokio::task::spawn_blocking(move || {
+            run_checkpoint(&shared, db)
+        }));
+    }
+
+    /// Waits for a running checkpoint and closes the connection.
+    async fn finish(&mut self) {
+        if let Some(job) = self.running.take() {
+            drop(job.await);
+        }
+        self.idle = None;
+    }
+}
+
+/// The output of a finished job.
+fn finished_output(job: tokio::task::JoinHandle<Option<Db>>) -> Option<Db> {
+    use futures::FutureExt;
+    job.now_or_never().and_then(Result::ok).flatten()
+}
+
+/// A passive checkpoint on the checkpoint connection (opened on first use, returned for reuse). A
+/// failure poisons: the checkpoint's fsync of the database file is as much a sync as a commit's.
+fn run_checkpoint(shared: &Shared, db: Option<Db>) -> Option<Db> {
     let started = Instant::now();
+    let db = match db {
+        Some(db) => db,
+        None => match super::open_checkpointer(&shared.db_path, shared.vfs.as_ref()) {
+            Ok(db) => db,
+            Err(e) => {
+                shared.poison(format!(
+                    "opening the checkpoint connection failed: {}",
+                    describe(&e)
+                ));
+                return None;
+            }
+        },
+    };
     let result: rusqlite::Result<(i64, i64, i64)> =
-        writer
-            .db
-            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            });
+        db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        });
     match result {
         Ok((busy, n_wal_frames, n_checkpointed)) => {
-            writer.wal_bytes_since_checkpoint = 0;
             shared.counters.n_checkpoints.fetch_add(1, Ordering::SeqCst);
             debug!(
                 busy,
@@ -301,7 +365,11 @@ fn checkpoint(shared: &Shared, writer: &mut Writer) {
                 checkpoint_us = started.elapsed().as_micros() as u64,
                 "wal checkpointed"
             );
+            Some(db)
         }
-        Err(e) => shared.poison(format!("wal checkpoint failed: {}", describe(&e))),
+        Err(e) => {
+            shared.poison(format!("wal checkpoint failed: {}", describe(&e)));
+            None
+        }
     }
 }
