@@ -8,7 +8,8 @@
 //! Fault injection for tests: `set_fail_appends(true)` makes every write (append or repair) fail with
 //! `Io` and change nothing; `set_append_delay_ms` makes each append wait (on tokio's clock, so paused
 //! time applies) after it is applied and before it is acknowledged, like a slow disk;
-//! `insert_raw_row` and `overwrite_raw_row` store a row as given, to damage a log on purpose.
+//! `set_read_delay_ms` makes each `load` and `inspect` wait before it reads, so a read lands late
+//! among other work; `insert_raw_row` and `overwrite_raw_row` store a row as given, to damage a log on purpose.
 //!
 //! What must stay true: the same as every store — a session's rows are contiguous from 0 unless a
 //! test damaged them, an append whose first seq is not the stored next seq is refused, a refused
@@ -68,6 +69,7 @@ pub struct MemoryStore {
     state: Mutex<State>,
     fail_appends: AtomicBool,
     append_delay_ms: AtomicU64,
+    read_delay_ms: AtomicU64,
     n_appends: AtomicU64,
 }
 
@@ -90,6 +92,7 @@ impl MemoryStore {
             state: Mutex::new(State::default()),
             fail_appends: AtomicBool::new(false),
             append_delay_ms: AtomicU64::new(0),
+            read_delay_ms: AtomicU64::new(0),
             n_appends: AtomicU64::new(0),
         }
     }
@@ -102,6 +105,18 @@ impl MemoryStore {
     /// Each append waits this long (tokio time) after it is applied, before it is acknowledged.
     pub fn set_append_delay_ms(&self, delay_ms: u64) {
         self.append_delay_ms.store(delay_ms, Ordering::SeqCst);
+    }
+
+    /// Each `load` and `inspect` waits this long (tokio time) before it reads.
+    pub fn set_read_delay_ms(&self, delay_ms: u64) {
+        self.read_delay_ms.store(delay_ms, Ordering::SeqCst);
+    }
+
+    async fn read_delay(&self) {
+        let delay_ms = self.read_delay_ms.load(Ordering::SeqCst);
+        if delay_ms > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+        }
     }
 
     /// Appends that succeeded so far.
@@ -287,6 +302,7 @@ impl SessionStore for MemoryStore {
     }
 
     async fn load(&self, id: &SessionId) -> Result<LoadedSession, StoreError> {
+        self.read_delay().await;
         let (header, scanned) = self.scan(id)?;
         if !scanned.needs_repair() {
             return Ok(LoadedSession {
@@ -326,6 +342,7 @@ impl SessionStore for MemoryStore {
     }
 
     async fn inspect(&self, id: &SessionId) -> Result<Inspection, StoreError> {
+        self.read_delay().await;
         let (header, scanned) = self.scan(id)?;
         Ok(Inspection {
             header,
