@@ -39,7 +39,9 @@ use crate::observe::{Channel, Observed, Subscription};
 #[derive(Clone, Debug)]
 pub struct HostConfig {
     pub limits: Limits,
-    /// An agent idle this long drops its in-memory log; `None` never hibernates.
+    /// An agent idle this long hibernates: it drops its in-memory log and its actor stops, leaving
+    /// a compact core (~5–8 KB) in the registry until the next input wakes it. `None` never
+    /// hibernates.
     pub hibernate_after: Option<Duration>,
     /// Restarts allowed within `restart_window` before an agent is marked failed.
     pub restart_max: u32,
