@@ -156,28 +156,10 @@ fn render(path: &str, listing: Listing) -> ToolOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dsh::SessionId;
-    use dsh::llm::types::ContentBlock;
+    use crate::tools::test_support::text_of;
 
     fn call(args: Value) -> ToolInvocation {
-        ToolInvocation {
-            session_id: SessionId::new("t").expect("valid id"),
-            turn: 1,
-            step: 1,
-            call_id: "c1".into(),
-            name: NAME.into(),
-            arguments: ToolArgs::Json(args),
-        }
-    }
-
-    fn text_of(out: &ToolOutput) -> String {
-        out.content
-            .iter()
-            .map(|b| match b {
-                ContentBlock::Text { text } => text.clone(),
-                other => format!("{other:?}"),
-            })
-            .collect()
+        crate::tools::test_support::call(NAME, args)
     }
 
     #[tokio::test]

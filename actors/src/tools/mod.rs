@@ -269,3 +269,35 @@ mod tests {
         assert_eq!(cut_utf8("abc", 10), "abc");
     }
 }
+
+/// Helpers shared by the built-in tools' unit tests.
+#[cfg(test)]
+mod test_support {
+    use dsh::SessionId;
+    use dsh::llm::types::ContentBlock;
+    use dsh::tools::{ToolArgs, ToolInvocation, ToolOutput};
+    use serde_json::Value;
+
+    /// A call of tool `name` with `args`, as the pool would hand it over.
+    pub(super) fn call(name: &str, args: Value) -> ToolInvocation {
+        ToolInvocation {
+            session_id: SessionId::new("t").expect("valid id"),
+            turn: 1,
+            step: 1,
+            call_id: "c1".into(),
+            name: name.into(),
+            arguments: ToolArgs::Json(args),
+        }
+    }
+
+    /// The output's text blocks joined (other blocks in their debug form).
+    pub(super) fn text_of(out: &ToolOutput) -> String {
+        out.content
+            .iter()
+            .map(|b| match b {
+                ContentBlock::Text { text } => text.clone(),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+}
