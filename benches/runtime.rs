@@ -379,6 +379,48 @@ async fn hand_turn(
     store.append(&session.id, pending).await.expect("append");
 }
 
+/// `iters` turns of the hand loop, on a fresh session every `ROTATE_TURNS` turns (outside the clock).
+async fn timed_hand_turns(
+    store: &dyn SessionStore,
+    template: &[Event],
+    provider: &LoopProvider,
+    mode: Mode,
+    iters: u64,
+) -> Duration {
+    let mut total = Duration::ZERO;
+    let mut done = 0;
+    while done < iters {
+        let mut session = HandSession::create(store).await;
+        let n = (iters - done).min(ROTATE_TURNS);
+        let started = Instant::now();
+        for _ in 0..n {
+            hand_turn(store, &mut session, template, provider, mode).await;
+        }
+        total += started.elapsed();
+        done += n;
+    }
+    total
+}
+
+/// `iters` turns of one agent, on a fresh agent every `ROTATE_TURNS` turns (created and disposed
+/// outside the clock).
+async fn timed_agent_turns(host: &Host, iters: u64) -> Duration {
+    let mut total = Duration::ZERO;
+    let mut done = 0;
+    while done < iters {
+        let agent = host.create(spec()).await.expect("create");
+        let n = (iters - done).min(ROTATE_TURNS);
+        let started = Instant::now();
+        for _ in 0..n {
+            agent_turn(&agent).await;
+        }
+        total += started.elapsed();
+        done += n;
+        host.dispose(agent.id()).await.expect("dispose");
+    }
+    total
+}
+
 fn agent_turn_group(c: &mut Criterion) {
     let rt = runtime();
     let mut g = c.benchmark_group("agent_turn");
@@ -398,21 +440,7 @@ fn agent_turn_group(c: &mut Criterion) {
                     let store = Arc::clone(&store.store);
                     let template = Arc::clone(&template);
                     let provider = &provider;
-                    async move {
-                        let mut total = Duration::ZERO;
-                        let mut done = 0;
-                        while done < iters {
-                            let mut session = HandSession::create(&*store).await;
-                            let n = (iters - done).min(ROTATE_TURNS);
-                            let started = Instant::now();
-                            for _ in 0..n {
-                                hand_turn(&*store, &mut session, &template, provider, mode).await;
-                            }
-                            total += started.elapsed();
-                            done += n;
-                        }
-                        total
-                    }
+                    async move { timed_hand_turns(&*store, &template, provider, mode, iters).await }
                 });
             });
             store.close(&rt);
@@ -422,22 +450,7 @@ fn agent_turn_group(c: &mut Criterion) {
             g.bench_function(BenchmarkId::new("dsh/agent", &param), |b| {
                 b.to_async(&rt).iter_custom(|iters| {
                     let host = host.clone();
-                    async move {
-                        let mut total = Duration::ZERO;
-                        let mut done = 0;
-                        while done < iters {
-                            let agent = host.create(spec()).await.expect("create");
-                            let n = (iters - done).min(ROTATE_TURNS);
-                            let started = Instant::now();
-                            for _ in 0..n {
-                                agent_turn(&agent).await;
-                            }
-                            total += started.elapsed();
-                            done += n;
-                            host.dispose(agent.id()).await.expect("dispose");
-                        }
-                        total
-                    }
+                    async move { timed_agent_turns(&host, iters).await }
                 });
             });
             rt.block_on(host.shutdown());
@@ -459,41 +472,14 @@ fn agent_turn_group(c: &mut Criterion) {
             let store = Arc::clone(&store.store);
             let template = Arc::clone(&template);
             let provider = &provider;
-            async move {
-                let mut session = HandSession::create(&*store).await;
-                let mut total = Duration::ZERO;
-                for i in 0..iters {
-                    if i > 0 && i % ROTATE_TURNS == 0 {
-                        session = HandSession::create(&*store).await;
-                    }
-                    let started = Instant::now();
-                    hand_turn(&*store, &mut session, &template, provider, Mode::Text).await;
-                    total += started.elapsed();
-                }
-                total
-            }
+            async move { timed_hand_turns(&*store, &template, provider, Mode::Text, iters).await }
         });
     });
     let host = rt1.block_on(host(&store, Mode::Text, None));
     g.bench_function(BenchmarkId::new("dsh/agent", param), |b| {
         b.to_async(&rt1).iter_custom(|iters| {
             let host = host.clone();
-            async move {
-                let mut total = Duration::ZERO;
-                let mut done = 0;
-                while done < iters {
-                    let agent = host.create(spec()).await.expect("create");
-                    let n = (iters - done).min(ROTATE_TURNS);
-                    let started = Instant::now();
-                    for _ in 0..n {
-                        agent_turn(&agent).await;
-                    }
-                    total += started.elapsed();
-                    done += n;
-                    host.dispose(agent.id()).await.expect("dispose");
-                }
-                total
-            }
+            async move { timed_agent_turns(&host, iters).await }
         });
     });
     rt1.block_on(host.shutdown());
