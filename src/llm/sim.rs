@@ -115,12 +115,17 @@ impl SimConfig {
 }
 
 /// SplitMix64: tiny, fast, and the same on every platform and Rust version (unlike std's hashers or
-/// `rand`'s unspecified `StdRng`), which the determinism promise needs.
+/// `rand`'s unspecified `StdRng`), which the determinism promise needs. Also drives `dsh sim`'s
+/// seeded injections.
 #[derive(Clone, Debug)]
-struct Rng(u64);
+pub struct SplitMix64(u64);
 
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
+impl SplitMix64 {
+    pub fn new(seed: u64) -> SplitMix64 {
+        SplitMix64(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -129,7 +134,7 @@ impl Rng {
     }
 
     /// Uniform in `0..n` (0 when n is 0).
-    fn below(&mut self, n: u64) -> u64 {
+    pub fn below(&mut self, n: u64) -> u64 {
         ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
     }
 
@@ -138,8 +143,13 @@ impl Rng {
     }
 
     /// Uniform in `[0, 1)`.
-    fn unit(&mut self) -> f64 {
+    pub fn unit(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// True with probability `p` (never for 0, always for 1).
+    pub fn chance(&mut self, p: f64) -> bool {
+        self.unit() < p
     }
 }
 
@@ -278,7 +288,7 @@ struct Plan {
     call: Option<PlannedCall>,
     input_tokens: u64,
     /// Draws the words of the reply.
-    words: Rng,
+    words: SplitMix64,
 }
 
 /// The simulated model. Cheap to clone.
@@ -335,7 +345,7 @@ impl SimProvider {
             h.u64(len);
             input_tokens += len / 4 + 4;
         }
-        let mut rng = Rng(h.0);
+        let mut rng = SplitMix64(h.0);
         let text_tokens =
             rng.between(u64::from(c.reply_tokens_min), u64::from(c.reply_tokens_max)) as u32;
         let reasoning_tokens = if c.reasoning {
@@ -365,7 +375,7 @@ impl SimProvider {
             },
             call,
             input_tokens: input_tokens + request.system.as_ref().map_or(0, |s| s.len() as u64 / 4),
-            words: Rng(rng.next_u64()),
+            words: SplitMix64(rng.next_u64()),
         }
     }
 }
@@ -607,7 +617,7 @@ impl SimStream {
 }
 
 /// Generates a value that validates against `schema` (the subset in the module docs).
-fn generate_arguments(schema: &Value, rng: &mut Rng) -> Value {
+fn generate_arguments(schema: &Value, rng: &mut SplitMix64) -> Value {
     gen_value(schema, rng, 0)
 }
 
@@ -632,7 +642,7 @@ fn bound(schema: &Value, key: &str) -> Option<f64> {
         .filter(|v| v.is_finite())
 }
 
-fn gen_value(schema: &Value, rng: &mut Rng, depth: usize) -> Value {
+fn gen_value(schema: &Value, rng: &mut SplitMix64, depth: usize) -> Value {
     if let Some(c) = schema.get("const") {
         return c.clone();
     }
@@ -733,7 +743,7 @@ fn gen_value(schema: &Value, rng: &mut Rng, depth: usize) -> Value {
 
 /// Arguments for `tool` as the simulator would generate them from `seed` (for demo tools and tests).
 pub fn sample_arguments(tool: &ToolSchema, seed: u64) -> Value {
-    generate_arguments(&tool.parameters, &mut Rng(seed))
+    generate_arguments(&tool.parameters, &mut SplitMix64(seed))
 }
 
 #[cfg(test)]
@@ -856,11 +866,11 @@ mod tests {
         ];
         for (i, schema) in schemas.iter().enumerate() {
             for seed in 0..200 {
-                let v = generate_arguments(schema, &mut Rng(seed));
+                let v = generate_arguments(schema, &mut SplitMix64(seed));
                 assert_eq!(valid(schema, &v), Ok(()), "schema {i} seed {seed}: {v}");
             }
         }
-        let v = generate_arguments(&schemas[1], &mut Rng(7));
+        let v = generate_arguments(&schemas[1], &mut SplitMix64(7));
         assert_eq!(v["offset"], json!(11));
         assert_eq!(v["nested"]["k"], json!("v"));
     }

@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use dashmap::DashMap;
 use dsh::llm::provider::ProviderRegistry;
-use dsh::llm::sim::{REPLY_TOKENS_MAX, SimConfig, SimProvider};
+use dsh::llm::sim::{REPLY_TOKENS_MAX, SimConfig, SimProvider, SplitMix64};
 use dsh::llm::types::Message;
 use dsh::session::event::{CancelCause, EventData, SessionHeader};
 use dsh::session::store::memory::MemoryStore;
@@ -650,25 +650,8 @@ impl Tool for WaitTool {
 
 /// SplitMix64, seeded per agent so that which turns get a steer or a cancel depends only on
 /// `--seed` and the agent's index.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64, agent_idx: usize) -> Rng {
-        Rng(seed ^ (agent_idx as u64).wrapping_mul(0xD1B5_4A32_D192_ED03))
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// True with probability `p` (never for 0, always for 1).
-    fn chance(&mut self, p: f64) -> bool {
-        ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
+fn agent_rng(seed: u64, agent_idx: usize) -> SplitMix64 {
+    SplitMix64::new(seed ^ (agent_idx as u64).wrapping_mul(0xD1B5_4A32_D192_ED03))
 }
 
 /// What one driver measured.
@@ -692,7 +675,7 @@ async fn drive(
     progress: Arc<Counters>,
 ) -> Result<DriverTally, SimError> {
     let fail = |error| SimError::Input { agent_idx, error };
-    let mut rng = Rng::new(plan.seed, agent_idx);
+    let mut rng = agent_rng(plan.seed, agent_idx);
     let mut tally = DriverTally {
         ack_ns: Vec::with_capacity(plan.turns_per_agent),
         ..DriverTally::default()
@@ -1478,7 +1461,7 @@ mod tests {
 
     #[test]
     fn the_rng_is_certain_at_the_ends() {
-        let mut rng = Rng::new(1, 3);
+        let mut rng = agent_rng(1, 3);
         assert!((0..1000).all(|_| !rng.chance(0.0)));
         assert!((0..1000).all(|_| rng.chance(1.0)));
     }
