@@ -286,52 +286,43 @@ fn write_group(conn: &mut Connection, group: &[Request]) -> rusqlite::Result<()>
     tx.commit()
 }
 
-/// The checkpoint job beside the commits, and its connection between jobs.
+/// The checkpoint job beside the commits; it hands its connection back when it finishes.
 #[derive(Default)]
 struct Checkpointer {
     running: Option<tokio::task::JoinHandle<Option<Db>>>,
-    idle: Option<Db>,
 }
 
 impl Checkpointer {
     /// Starts a checkpoint if enough WAL was written since the last one started and none runs.
     fn start_if_due(&mut self, shared: &Arc<Shared>, writer: &mut Writer) {
+        use futures::FutureExt;
         if writer.wal_bytes_since_checkpoint < shared.config.checkpoint_after_bytes
             || shared.poison.get().is_some()
+            || self.running.as_ref().is_some_and(|job| !job.is_finished())
         {
+            // Not due, or still copying the previous batch: a later group tries again.
             return;
         }
-        if let Some(job) = &self.running {
-            if !job.is_finished() {
-                // Still copying the previous batch: the next group tries again.
-                return;
-            }
-            if let Some(job) = self.running.take() {
-                // Finished: `now_or_never` cannot miss its output.
-                self.idle = finished_output(job);
-            }
-        }
+        // Finished, so `now_or_never` cannot miss its output: the connection to reuse.
+        let db = self
+            .running
+            .take()
+            .and_then(|job| job.now_or_never())
+            .and_then(Result::ok)
+            .flatten();
         writer.wal_bytes_since_checkpoint = 0;
-        let db = self.idle.take();
         let shared = Arc::clone(shared);
         self.running = Some(tokio::task::spawn_blocking(move || {
             run_checkpoint(&shared, db)
         }));
     }
 
-    /// Waits for a running checkpoint and closes the connection.
+    /// Waits for a running checkpoint; its connection closes with it.
     async fn finish(&mut self) {
         if let Some(job) = self.running.take() {
             drop(job.await);
         }
-        self.idle = None;
     }
-}
-
-/// The output of a finished job.
-fn finished_output(job: tokio::task::JoinHandle<Option<Db>>) -> Option<Db> {
-    use futures::FutureExt;
-    job.now_or_never().and_then(Result::ok).flatten()
 }
 
 /// A passive checkpoint on the checkpoint connection (opened on first use, returned for reuse). A
