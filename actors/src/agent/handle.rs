@@ -148,6 +148,16 @@ impl AgentHandle {
         &self.slot.id
     }
 
+    /// Why a call cannot reach the agent in `state`: failed, disposed, or (otherwise) interrupted.
+    fn gone(&self, state: SlotState) -> InputError {
+        let id = self.id().clone();
+        match state {
+            SlotState::Failed(reason) => InputError::Failed { id, reason },
+            SlotState::Disposed => InputError::Disposed { id },
+            _ => InputError::Interrupted { id },
+        }
+    }
+
     /// The live actor and its passivation flag, waking a dormant agent.
     async fn actor(&self) -> Result<(ActorRef<AgentMsg>, Arc<AtomicBool>), InputError> {
         let mut rx = self.slot.state.subscribe();
@@ -155,16 +165,8 @@ impl AgentHandle {
             let state = rx.borrow_and_update().clone();
             match state {
                 SlotState::Live(actor, passivated) => return Ok((actor, passivated)),
-                SlotState::Failed(reason) => {
-                    return Err(InputError::Failed {
-                        id: self.id().clone(),
-                        reason,
-                    });
-                }
-                SlotState::Disposed => {
-                    return Err(InputError::Disposed {
-                        id: self.id().clone(),
-                    });
+                SlotState::Failed(_) | SlotState::Disposed => {
+                    return Err(self.gone(state));
                 }
                 SlotState::Dormant => self.wake().await?,
                 SlotState::Waking | SlotState::Restarting => {
@@ -211,18 +213,7 @@ impl AgentHandle {
             // before the message is dropped): send it to the actor that wakes the agent.
             if !passivated.load(Ordering::SeqCst) {
                 // An agent that failed marks its slot before it stops: say why, not "interrupted".
-                return Err(match self.slot.current() {
-                    SlotState::Failed(reason) => InputError::Failed {
-                        id: self.id().clone(),
-                        reason,
-                    },
-                    SlotState::Disposed => InputError::Disposed {
-                        id: self.id().clone(),
-                    },
-                    _ => InputError::Interrupted {
-                        id: self.id().clone(),
-                    },
-                });
+                return Err(self.gone(self.slot.current()));
             }
             // The flag is set just before the slot turns dormant: wait for that instead of spinning.
             let mut rx = self.slot.state.subscribe();
