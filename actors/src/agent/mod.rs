@@ -171,6 +171,11 @@ impl AgentActor {
         })
     }
 
+    /// Reads the log back for the core's `Effect::LoadLog { ticket }`.
+    fn load_log(&self, state: &AgentState, ticket: u64) {
+        self.read_log_back(state, move |result| AgentMsg::LogLoaded { ticket, result });
+    }
+
     /// Reads the agent's log back from the store on a task and reports it with `report`.
     fn read_log_back(
         &self,
@@ -236,7 +241,7 @@ impl AgentActor {
                 if state.core.durable_seq() < through {
                     state.deferred_load = Some((ticket, through));
                 } else {
-                    self.read_log_back(state, move |result| AgentMsg::LogLoaded { ticket, result });
+                    self.load_log(state, ticket);
                 }
             }
             Effect::RunPreStep {
@@ -627,7 +632,7 @@ impl AgentActor {
             && state.core.durable_seq() >= through
         {
             state.deferred_load = None;
-            self.read_log_back(state, move |result| AgentMsg::LogLoaded { ticket, result });
+            self.load_log(state, ticket);
         }
     }
 
