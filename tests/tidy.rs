@@ -1,5 +1,6 @@
-//! Tidy checks that keep the code base honest: every source file explains itself (`//!` first), and
-//! the domain core (`src/`) never names the actor framework — the dependency points one way.
+//! Tidy checks that keep the code base honest: every source file explains itself (`//!` first), the
+//! domain core (`src/`) never names the actor framework — the dependency points one way — and the
+//! runtime (`actors/`) carries nothing of the command line.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -27,6 +28,7 @@ fn every_source_file_opens_with_a_module_doc() {
     let mut files = Vec::new();
     rust_files(&root().join("src"), &mut files);
     rust_files(&root().join("actors/src"), &mut files);
+    rust_files(&root().join("cli/src"), &mut files);
     assert!(files.len() > 20, "found only {} files", files.len());
     let missing: Vec<String> = files
         .iter()
@@ -61,5 +63,45 @@ fn the_core_knows_nothing_about_ractor() {
     assert!(
         !core_deps.contains("ractor"),
         "the dsh package depends on ractor"
+    );
+}
+
+/// The `[dependencies]` table of a manifest, as text.
+fn dependencies_of(manifest: &Path) -> String {
+    let text = fs::read_to_string(manifest).unwrap_or_default();
+    text.split("\n[dependencies]")
+        .nth(1)
+        .and_then(|s| s.split("\n[").next())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// An embedder of the runtime compiles no argument parser, config format, capability filesystem or
+/// log formatter: those belong to the `dsh` binary's package (`cli/`).
+#[test]
+fn the_runtime_builds_without_the_command_line() {
+    let deps = dependencies_of(&root().join("actors/Cargo.toml"));
+    assert!(!deps.is_empty(), "actors/Cargo.toml has no [dependencies]");
+    for crate_name in ["clap", "toml", "cap-std", "tracing-subscriber", "dsh-cli"] {
+        let named = deps.lines().any(|l| {
+            l.trim_start().starts_with(&format!("{crate_name}."))
+                || l.trim_start().starts_with(&format!("{crate_name} "))
+        });
+        assert!(!named, "dsh-actors depends on {crate_name}");
+    }
+    let mut files = Vec::new();
+    rust_files(&root().join("actors/src"), &mut files);
+    let offenders: Vec<String> = files
+        .iter()
+        .filter(|p| {
+            fs::read_to_string(p)
+                .unwrap_or_default()
+                .contains("dsh_cli")
+        })
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "actors/src names dsh_cli: {offenders:#?}"
     );
 }

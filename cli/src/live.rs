@@ -20,10 +20,10 @@ use dsh::session::store::SessionStore;
 use dsh::session::store::sqlite::{SqliteConfig, SqliteStore};
 use dsh::turn::AgentConfig;
 
-use crate::AgentHandle;
-use crate::cli::{CliError, Config};
-use crate::host::{AgentSpec, Host};
 use crate::tools::{ShellConfig, builtin};
+use crate::{CliError, Config};
+use dsh_actors::AgentHandle;
+use dsh_actors::{AgentSpec, Host};
 
 /// The largest script file read (a script is test data, never this large in practice).
 const SCRIPT_BYTES_MAX: u64 = 64 << 20;

@@ -15,9 +15,9 @@ use dsh::llm::types::Message;
 use dsh::session::event::{CancelCause, Event, EventData, TurnEndReason};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::cli::live::{self, AgentOptions, LiveAgent};
-use crate::cli::render::turn_end_note;
-use crate::cli::{CliError, Config, RunArgs};
+use crate::live::{self, AgentOptions, LiveAgent};
+use crate::render::turn_end_note;
+use crate::{CliError, Config, RunArgs};
 
 /// Exit status of a turn that ended `error`.
 pub const EXIT_ERROR: u8 = 2;
@@ -100,7 +100,7 @@ async fn drive(
     sigint: &mut tokio::signal::unix::Signal,
     sigterm: &mut tokio::signal::unix::Signal,
 ) -> Result<Outcome, CliError> {
-    let failed = |e: crate::InputError| CliError::Failed(e.to_string());
+    let failed = |e: dsh_actors::InputError| CliError::Failed(e.to_string());
     let prompt_id = MessageId::mint();
     agent
         .handle

@@ -3,10 +3,8 @@
 //! exact. `dsh chat` runs in a pseudo-terminal (rexpect), so Ctrl-C is a real SIGINT from the
 //! terminal driver and streamed text is read as the user would see it.
 //!
-//! The binary lives in the `dsh-actors` package, so `CARGO_BIN_EXE_dsh` is not set here: `dsh_bin`
-//! builds it once with the same cargo, profile and target directory as this test (or takes
-//! `DSH_BIN`). Waits are for output or files, never for time; rexpect's timeout only turns a hang
-//! into a failure.
+//! The binary is this package's own (`CARGO_BIN_EXE_dsh`, or `DSH_BIN` when set). Waits are for
+//! output or files, never for time; rexpect's timeout only turns a hang into a failure.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,47 +16,12 @@ use serde_json::Value;
 /// Bounds a pty read: a hang fails the test instead of blocking it forever.
 const PTY_TIMEOUT_MS: u64 = 60_000;
 
-/// The `dsh` binary, built once per test run.
+/// The `dsh` binary: cargo builds it for this package's integration tests (or `DSH_BIN` names one).
 fn dsh_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(bin) = std::env::var_os("DSH_BIN") {
-            return PathBuf::from(bin);
-        }
-        let exe = std::env::current_exe().expect("the test executable has a path");
-        // target/<profile>/deps/cli-<hash>
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("the test executable sits in <target>/<profile>/deps");
-        let target_dir = profile_dir.parent().expect("a target directory");
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") => "dev".to_string(),
-            Some(other) => other.to_string(),
-            None => "dev".to_string(),
-        };
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "--quiet",
-                "--locked",
-                "-p",
-                "dsh-actors",
-                "--bin",
-                "dsh",
-                "--profile",
-            ])
-            .arg(&profile)
-            .arg("--target-dir")
-            .arg(target_dir)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "building the dsh binary failed");
-        let bin = profile_dir.join("dsh");
-        assert!(bin.is_file(), "{} was not built", bin.display());
-        bin
+    BIN.get_or_init(|| match std::env::var_os("DSH_BIN") {
+        Some(bin) => PathBuf::from(bin),
+        None => PathBuf::from(env!("CARGO_BIN_EXE_dsh")),
     })
 }
 

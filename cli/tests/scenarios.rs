@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use dsh::scenario::{ExpectMode, Scenario, ScenarioError};
-use dsh_actors::cli::scenario::{load_file, render_log, run_files, run_scenario};
+use dsh_cli::scenario::{load_file, render_log, run_files, run_scenario};
 use serde_json::{Value, json};
 
 fn corpus_dir() -> PathBuf {

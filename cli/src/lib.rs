@@ -1,3 +1,7 @@
+//! `dsh-cli`: the `dsh` command line, its built-in tools and the scenario runner. The library exists
+//! for this package's own binary and tests; embedders use `dsh-actors` (the runtime) and `dsh` (the
+//! core), which never name this package.
+//!
 //! The `dsh` subcommands. Names and flags are an interface scripts rely on (SPEC §10): extend them,
 //! never rename or drop one.
 //!
@@ -16,6 +20,7 @@ mod sessions;
 mod show;
 pub mod sim;
 mod stored;
+pub mod tools;
 mod transfer;
 
 use std::path::PathBuf;

@@ -17,7 +17,7 @@ use dsh::session::store::jsonl::{ImportOptions, import_with};
 use dsh::session::store::sqlite::{DB_FILE_NAME, SqliteConfig, SqliteStore};
 use dsh::session::store::{SessionStore, StoreError};
 
-use crate::cli::{CliError, Config};
+use crate::{CliError, Config};
 
 /// Opens the store in the configured data directory for reading, if one is there; `None` when there
 /// is none (so a read-only command leaves no directory behind). Reading needs no lock, so it works

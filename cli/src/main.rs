@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let cli = dsh_actors::cli::Cli::parse();
+    let cli = dsh_cli::Cli::parse();
     if let Ok(filter) = std::env::var("DSH_LOG") {
         match tracing_subscriber::EnvFilter::try_new(&filter) {
             Ok(filter) => tracing_subscriber::fmt()
@@ -22,5 +22,5 @@ fn main() -> ExitCode {
             }
         }
     }
-    dsh_actors::cli::main(cli)
+    dsh_cli::main(cli)
 }

@@ -29,7 +29,7 @@ use dsh::llm::openai::TIMEOUT_MS_MAX;
 use dsh::llm::sim::{SimConfig, SimProvider};
 use serde::Deserialize;
 
-use crate::cli::GlobalArgs;
+use crate::GlobalArgs;
 
 /// Why a command failed. Printed as one line; `exit_code` picks the status.
 #[derive(Debug, thiserror::Error)]

@@ -10,7 +10,7 @@ use clap::Parser;
 use dsh::session::invariant;
 use dsh::session::store::SessionStore;
 use dsh::session::store::sqlite::{SqliteConfig, SqliteStore};
-use dsh_actors::cli::{Cli, Command, Config};
+use dsh_cli::{Cli, Command, Config};
 use serde_json::Value;
 
 /// Runs `dsh --data-dir <data_dir> sim <flags>` and returns the JSON object it printed.
@@ -37,7 +37,7 @@ async fn sim_output(data_dir: &Path, flags: &[&str]) -> Result<Vec<u8>, String> 
         return Err("not the sim subcommand".into());
     };
     let mut out = Vec::new();
-    dsh_actors::cli::sim::run(&args, &config, &mut out)
+    dsh_cli::sim::run(&args, &config, &mut out)
         .await
         .map_err(|e| e.to_string())?;
     Ok(out)

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use dsh::session::event::{EventData, TurnEndReason};
 
-use crate::cli::stored::inspect_target;
-use crate::cli::{CheckArgs, CliError, Config};
+use crate::stored::inspect_target;
+use crate::{CheckArgs, CliError, Config};
 
 /// Runs `dsh check`.
 ///

@@ -5,9 +5,9 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use crate::cli::render::{self, Style};
-use crate::cli::stored::inspect_target;
-use crate::cli::{CliError, Config, ShowArgs};
+use crate::render::{self, Style};
+use crate::stored::inspect_target;
+use crate::{CliError, Config, ShowArgs};
 
 /// Runs `dsh show`.
 ///

@@ -7,9 +7,9 @@ use std::process::ExitCode;
 use dsh::session::event::EventData;
 use serde_json::json;
 
-use crate::cli::render::{snippet, utc};
-use crate::cli::stored::{close, inspect_stored, open_existing};
-use crate::cli::{CliError, Config, SessionsArgs};
+use crate::render::{snippet, utc};
+use crate::stored::{close, inspect_stored, open_existing};
+use crate::{CliError, Config, SessionsArgs};
 
 /// Characters of the first prompt shown in the table.
 const PROMPT_SHOWN_MAX: usize = 50;

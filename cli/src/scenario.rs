@@ -40,8 +40,8 @@ use dsh::tools::{ExecutionMode, Tool, ToolArgs, ToolInvocation, ToolOutput, Tool
 use dsh::turn::AgentConfig;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::CliError;
-use crate::{AgentHandle, AgentSpec, Host, HostConfig};
+use crate::CliError;
+use dsh_actors::{AgentHandle, AgentSpec, Host, HostConfig};
 
 /// How often `wait_for` polls the store.
 const POLL_INTERVAL: Duration = Duration::from_millis(1);
@@ -263,7 +263,7 @@ impl World {
 
     /// Performs one action; `Err` is the runtime's reason for refusing it.
     async fn act(&self, action: &Action) -> Result<(), String> {
-        let e2s = |e: crate::InputError| e.to_string();
+        let e2s = |e: dsh_actors::InputError| e.to_string();
         match action {
             Action::Followup(m) => self.agent.followup(m.message()).await.map_err(e2s),
             Action::Steer(m) => self.agent.steer(m.message()).await.map_err(e2s),

@@ -24,10 +24,10 @@ use dsh::turn::{LiveEvent, Status};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
-use crate::cli::live::{self, AgentOptions, LiveAgent};
-use crate::cli::render::{self, Style};
-use crate::cli::{ChatArgs, CliError, Config};
-use crate::{Observation, Observed};
+use crate::live::{self, AgentOptions, LiveAgent};
+use crate::render::{self, Style};
+use crate::{ChatArgs, CliError, Config};
+use dsh_actors::{Observation, Observed};
 
 /// Lines read ahead of the conversation at most (typing faster than this just waits).
 const LINES_BUFFERED_MAX: usize = 64;
@@ -296,7 +296,7 @@ async fn on_line(
         Some((c, r)) => (c, r.trim()),
         None => (text, ""),
     };
-    let refused = |screen: &mut Screen, e: crate::InputError| {
+    let refused = |screen: &mut Screen, e: dsh_actors::InputError| {
         screen.note(&format!("[not sent: {e}]"));
     };
     match command {

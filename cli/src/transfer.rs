@@ -17,8 +17,8 @@ use dsh::limits::Limits;
 use dsh::session::store::jsonl::{ImportOptions, export, import_with};
 use dsh::session::store::{EncodedEvent, SessionStore, StoreError};
 
-use crate::cli::stored::{close, inspect_stored, open, open_existing};
-use crate::cli::{CliError, Config, ExportArgs, ImportArgs};
+use crate::stored::{close, inspect_stored, open, open_existing};
+use crate::{CliError, Config, ExportArgs, ImportArgs};
 
 /// Runs `dsh export`.
 ///

@@ -61,8 +61,8 @@ use futures::{FutureExt, StreamExt};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{CliError, Config, SimArgs};
-use crate::{
+use crate::{CliError, Config, SimArgs};
+use dsh_actors::{
     AgentHandle, AgentSpec, Host, HostConfig, HostError, InputError, Observation, Observed,
     Subscription,
 };
