@@ -41,13 +41,24 @@ const HELP: &str = concat!(
     "  /quit         leave (also Ctrl-D, or Ctrl-C at the prompt)",
 );
 
-/// Reads stdin line by line on a thread of its own; `None` after end of input.
+/// The longest input line taken (a message is at most this large, `Limits::message_bytes_max`);
+/// the rest of a longer line is read and discarded, never held.
+const LINE_BYTES_MAX: usize = dsh::limits::Limits::DEFAULT.message_bytes_max;
+
+/// Reads stdin line by line on a thread of its own; `None` after end of input. An over-long line or
+/// one that is not UTF-8 arrives as an error (shown, not sent).
 fn stdin_lines() -> mpsc::Receiver<io::Result<String>> {
     let (tx, rx) = mpsc::channel(LINES_BUFFERED_MAX);
     let spawned = std::thread::Builder::new()
         .name("dsh-stdin".into())
         .spawn(move || {
-            for line in io::stdin().lock().lines() {
+            let mut input = io::stdin().lock();
+            loop {
+                let line = match read_line(&mut input, LINE_BYTES_MAX) {
+                    Ok(None) => return,
+                    Ok(Some(line)) => line,
+                    Err(e) => Err(e),
+                };
                 if tx.blocking_send(line).is_err() {
                     return;
                 }
@@ -60,6 +71,52 @@ fn stdin_lines() -> mpsc::Receiver<io::Result<String>> {
         return rx2;
     }
     rx
+}
+
+/// Reads one line (without its line ending) holding at most `bytes_max` bytes of it. `Ok(None)` at
+/// the end of input; `Ok(Some(Err(_)))` for a line over `bytes_max` (the rest is read and dropped)
+/// or not UTF-8; `Err` for a failed read.
+fn read_line(input: &mut impl BufRead, bytes_max: usize) -> io::Result<Option<io::Result<String>>> {
+    let mut line = Vec::new();
+    let mut n_bytes = 0usize;
+    let mut any = false;
+    loop {
+        let available = match input.fill_buf() {
+            Ok(a) => a,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if available.is_empty() {
+            if !any {
+                return Ok(None);
+            }
+            break;
+        }
+        any = true;
+        let newline = memchr::memchr(b'\n', available);
+        let take = newline.unwrap_or(available.len());
+        let room = (bytes_max + 1).saturating_sub(line.len());
+        line.extend_from_slice(&available[..take.min(room)]);
+        n_bytes = n_bytes.saturating_add(take);
+        input.consume(take + usize::from(newline.is_some()));
+        if newline.is_some() {
+            break;
+        }
+    }
+    // A `\r` before the newline belongs to the line ending (only when the line was kept whole).
+    if line.len() == n_bytes && line.last() == Some(&b'\r') {
+        line.pop();
+        n_bytes -= 1;
+    }
+    if n_bytes > bytes_max {
+        return Ok(Some(Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("the line is {n_bytes} bytes, over the limit of {bytes_max}; it was not sent"),
+        ))));
+    }
+    Ok(Some(String::from_utf8(line).map_err(|_| {
+        io::Error::new(io::ErrorKind::InvalidData, "the line is not UTF-8; it was not sent")
+    })))
 }
 
 /// The terminal side of the conversation.

@@ -30,6 +30,8 @@ use dsh::llm::sim::{SimConfig, SimProvider};
 use serde::Deserialize;
 
 use crate::GlobalArgs;
+use crate::text::echo;
+use crate::secret::StartupKey;
 
 /// Why a command failed. Printed as one line; `exit_code` picks the status.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +99,9 @@ pub struct Config {
     pub openai: OpenAiTimeouts,
     /// The configuration file that was read, if any.
     pub file: Option<PathBuf>,
+    /// The API key taken from the environment at start-up (`secret::take_api_key`); `resolve`
+    /// leaves it `Unset` and `main` fills it in.
+    pub api_key: StartupKey,
 }
 
 /// What `dsh.toml` held, every key optional.
@@ -169,6 +174,7 @@ impl Config {
             sim: file.sim.unwrap_or_default(),
             openai: file.openai.unwrap_or_default(),
             file: file_path,
+            api_key: StartupKey::Unset,
         })
     }
 
@@ -209,7 +215,7 @@ fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
     let mut out = FileConfig::default();
     for (key, value) in table {
         let bad = |expected: &str, value: &toml::Value| {
-            format!("key `{key}`: expected {expected}, got {}", value.type_str())
+            format!("key `{}`: expected {expected}, got {}", echo(&key), shown(value))
         };
         match key.as_str() {
             "data_dir" => {
@@ -221,7 +227,8 @@ fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
                 let s = non_empty_string(&value).ok_or_else(|| bad("a string", &value))?;
                 if !PROVIDERS.contains(&s) {
                     return Err(format!(
-                        "key `provider`: unknown provider `{s}`: expected openai, sim or script"
+                        "key `provider`: unknown provider `{}`: expected openai, sim or script",
+                        echo(s)
                     ));
                 }
                 out.provider = Some(s.to_string());
@@ -256,9 +263,7 @@ fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
                 if !value.is_table() {
                     return Err(bad("a table", &value));
                 }
-                let sim: SimConfig = value
-                    .try_into()
-                    .map_err(|e| format!("key `sim`: {}", one_line(e.message())))?;
+                let sim: SimConfig = table_of("sim", value)?;
                 SimProvider::new(sim.clone()).map_err(|e| format!("key `sim`: {e}"))?;
                 out.sim = Some(sim);
             }
@@ -266,9 +271,7 @@ fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
                 if !value.is_table() {
                     return Err(bad("a table", &value));
                 }
-                let openai: OpenAiTimeouts = value
-                    .try_into()
-                    .map_err(|e| format!("key `openai`: {}", one_line(e.message())))?;
+                let openai: OpenAiTimeouts = table_of("openai", value)?;
                 for (name, ms) in [
                     ("connect_timeout_ms", openai.connect_timeout_ms),
                     ("idle_timeout_ms", openai.idle_timeout_ms),
@@ -285,13 +288,47 @@ fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown key `{other}` (known keys: {})",
+                    "unknown key `{}` (known keys: {})",
+                    echo(other),
                     KEYS.join(", ")
                 ));
             }
         }
     }
     Ok(out)
+}
+
+/// Reads table `name` as a `T`. A bad entry is named by its dotted key (`sim.seed`) with serde's
+/// reason, which names the bad value: each entry is tried alone to find the one at fault.
+fn table_of<T: serde::de::DeserializeOwned>(name: &str, value: toml::Value) -> Result<T, String> {
+    let entries = match &value {
+        toml::Value::Table(t) => t.clone(),
+        _ => toml::Table::new(),
+    };
+    value.try_into().map_err(|whole: toml::de::Error| {
+        for (key, entry) in entries {
+            let mut alone = toml::Table::new();
+            alone.insert(key.clone(), entry);
+            if let Err(e) = toml::Value::Table(alone).try_into::<T>() {
+                return format!(
+                    "key `{name}.{}`: {}",
+                    echo(&key),
+                    echo(&one_line(e.message()))
+                );
+            }
+        }
+        format!("key `{name}`: {}", echo(&one_line(whole.message())))
+    })
+}
+
+/// A value as an error message shows it: scalars as written in TOML (capped), tables and arrays by
+/// kind.
+fn shown(value: &toml::Value) -> String {
+    match value {
+        toml::Value::Table(_) => "a table".to_string(),
+        toml::Value::Array(_) => "an array".to_string(),
+        scalar => format!("{} {}", scalar.type_str(), echo(&scalar.to_string())),
+    }
 }
 
 fn non_empty_string(value: &toml::Value) -> Option<&str> {
@@ -359,22 +396,22 @@ idle_timeout_ms = 5000
             ),
             (
                 "max_tokens = \"ten\"",
-                "key `max_tokens`: expected a positive integer, got string",
+                "key `max_tokens`: expected a positive integer, got string \"ten\"",
             ),
             (
                 "max_tokens = 0",
-                "key `max_tokens`: expected a positive integer, got integer",
+                "key `max_tokens`: expected a positive integer, got integer 0",
             ),
-            ("shell = 1", "key `shell`: expected a boolean, got integer"),
+            ("shell = 1", "key `shell`: expected a boolean, got integer 1"),
             (
                 "provider = \"gpt\"",
                 "key `provider`: unknown provider `gpt`: expected openai, sim or script",
             ),
             (
                 "data_dir = \"\"",
-                "key `data_dir`: expected a non-empty string, got string",
+                "key `data_dir`: expected a non-empty string, got string \"\"",
             ),
-            ("sim = 3", "key `sim`: expected a table, got integer"),
+            ("sim = 3", "key `sim`: expected a table, got integer 3"),
             (
                 "[openai]\nidle_timeout_ms = 0",
                 "key `openai.idle_timeout_ms`: 0 is out of range 1..=2147483647",
@@ -388,7 +425,15 @@ idle_timeout_ms = 5000
             assert_eq!(parsed(text).err().as_deref(), Some(want), "{text}");
         }
         let err = parsed("[sim]\nsed = 1").expect_err("unknown sim key");
-        assert!(err.starts_with("key `sim`: unknown field `sed`"), "{err}");
+        assert!(err.starts_with("key `sim.sed`: unknown field `sed`"), "{err}");
+        assert_eq!(
+            parsed("[sim]\nttft_ms = 1\nseed = \"x\"").err().as_deref(),
+            Some("key `sim.seed`: invalid type: string \"x\", expected u64")
+        );
+        assert_eq!(
+            parsed("[openai]\nidle_timeout_ms = -5").err().as_deref(),
+            Some("key `openai.idle_timeout_ms`: invalid value: integer `-5`, expected u64")
+        );
         let err = parsed("model = \"a\"\nthis is not toml").expect_err("syntax");
         assert!(err.starts_with("line 2: "), "{err}");
         assert!(!err.contains('\n'), "{err}");

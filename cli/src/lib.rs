@@ -16,12 +16,15 @@ mod live;
 pub mod render;
 pub mod run;
 pub mod scenario;
+pub mod secret;
 mod sessions;
 mod show;
 pub mod sim;
 mod stored;
+pub mod text;
 pub mod tools;
 mod transfer;
+pub mod usage;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -238,8 +241,9 @@ pub enum ScenarioCommand {
     },
 }
 
-/// Runs the parsed command line to completion.
-pub fn main(cli: Cli) -> ExitCode {
+/// Runs the parsed command line to completion. `key` is the API key taken from the environment at
+/// start-up (`secret::take_api_key`).
+pub fn main(cli: Cli, key: secret::StartupKey) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -251,18 +255,26 @@ pub fn main(cli: Cli) -> ExitCode {
         }
     };
     let result = runtime.block_on(async move {
-        let config = Config::resolve(&cli.global)?;
+        let mut config = Config::resolve(&cli.global)?;
+        config.api_key = key;
         dispatch(cli.command, config).await
     });
-    match result {
+    let code = match result {
         Ok(code) => code,
         Err(CliError::OutputClosed) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("dsh: {e}");
+            eprintln!("dsh: {}", text::error_line(&e.to_string()));
             e.exit_code()
         }
-    }
+    };
+    // A blocking task that never returns (a read of a FIFO) must not keep the process alive:
+    // everything durable was closed above, so waiting briefly is enough.
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_WAIT);
+    code
 }
+
+/// How long the process waits at exit for blocking tasks still running.
+const RUNTIME_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 async fn dispatch(command: Command, config: Config) -> Result<ExitCode, CliError> {
     match command {

@@ -20,6 +20,7 @@ use dsh::session::store::SessionStore;
 use dsh::session::store::sqlite::{SqliteConfig, SqliteStore};
 use dsh::turn::AgentConfig;
 
+use crate::secret::StartupKey;
 use crate::tools::{ShellConfig, builtin};
 use crate::{CliError, Config};
 use dsh_actors::AgentHandle;
@@ -112,14 +113,21 @@ fn build_provider(config: &Config, script: Option<&Path>) -> Result<Built, CliEr
             })
         }
         _ => {
+            // The key variables were taken out of the environment at start-up (`secret`).
             let mut oc =
                 OpenAiConfig::from_env().map_err(|e| CliError::Usage(format!("openai: {e}")))?;
-            if oc.api_key.is_none() {
-                return Err(CliError::Usage(
-                    "no API key: set DEEPSEEK_API_KEY or OPENAI_API_KEY, or try --provider sim"
-                        .into(),
-                ));
-            }
+            oc.api_key = match &config.api_key {
+                StartupKey::Key(key) => Some(key.clone()),
+                StartupKey::Invalid(reason) => {
+                    return Err(CliError::Usage(format!("openai: {reason}")));
+                }
+                StartupKey::Unset => {
+                    return Err(CliError::Usage(
+                        "no API key: set DEEPSEEK_API_KEY or OPENAI_API_KEY, or try --provider sim"
+                            .into(),
+                    ));
+                }
+            };
             if let Some(url) = &config.base_url {
                 oc.base_url = url.clone();
             }

@@ -23,6 +23,7 @@ use cap_std::fs::Dir;
 use dsh::session::event::ToolErrorInfo;
 use dsh::tools::{ToolArgs, ToolOutput, ToolRegistry};
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 pub use list_dir::ListDirTool;
 pub use read_file::ReadFileTool;
@@ -223,6 +224,23 @@ fn json_kind(v: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
+    }
+}
+
+/// Runs blocking file work on tokio's blocking pool and waits for it, unless the call is cancelled
+/// first: then the call ends at once with `CANCELLED` and the work is left to finish on its own (it
+/// can no longer hold up the turn, and `dsh` does not wait for it at exit).
+pub(crate) async fn blocking<T: Send + 'static>(
+    cancel: &CancellationToken,
+    work: impl FnOnce() -> Result<T, ToolFailure> + Send + 'static,
+) -> Result<T, ToolFailure> {
+    let task = tokio::task::spawn_blocking(work);
+    tokio::select! {
+        joined = task => match joined {
+            Ok(result) => result,
+            Err(e) => Err(ToolFailure::new("IO", format!("the file operation failed: {e}"))),
+        },
+        () = cancel.cancelled() => Err(ToolFailure::new("CANCELLED", "the call was cancelled")),
     }
 }
 

@@ -5,7 +5,14 @@
 //! The command runs in its own process group with stdin closed and the API-key variables removed from
 //! its environment (the model must not be able to print the key). When the command exits, times out
 //! or the turn is cancelled, the whole group is killed, so a background child cannot hold the output
-//! pipes open or outlive the call. Each output stream keeps at most `output_bytes_max` bytes; the rest
+//! pipes open or outlive the call. If `dsh` itself dies (even by SIGKILL), `sh` gets a parent-death
+//! signal and a watcher in the group kills the rest of it (`die_with_parent`, `watch_group`).
+//!
+//! What cannot be contained: a process that leaves the group (`setsid`, `setpgid`) escapes every
+//! group kill, on a timeout as on `dsh`'s death; so does one that double-forks out of the group. Only
+//! a PID namespace or a cgroup would hold those, and `dsh` sets up neither.
+//!
+//! Each output stream keeps at most `output_bytes_max` bytes; the rest
 //! is read and counted, never stored, so a chatty command cannot exhaust memory or block on a full pipe.
 
 use std::path::PathBuf;
@@ -113,6 +120,52 @@ async fn capture(stream: Option<impl AsyncRead + Unpin>, bytes_max: usize) -> Ca
     }
 }
 
+/// Makes the command's `sh` die with `dsh`: a parent-death signal (SIGKILL) set in the child before
+/// `exec`. The signal fires when the thread that spawned the child exits; the spawn happens on a
+/// tokio worker thread, which lives until the runtime shuts down, so in practice: when `dsh` exits.
+fn die_with_parent(cmd: &mut tokio::process::Command) {
+    let parent = rustix::process::getpid();
+    // SAFETY: the closure runs in the forked child before `exec` and only makes two system calls
+    // through rustix (`prctl`, `getppid`), which are async-signal-safe: no allocation, no lock, no
+    // access to state another thread could hold. Its error is built from a raw errno (no
+    // allocation either).
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::process::set_parent_process_death_signal(Some(
+                rustix::process::Signal::KILL,
+            ))
+            .map_err(|e| std::io::Error::from_raw_os_error(e.raw_os_error()))?;
+            // `dsh` may have died between the fork and the prctl: then the signal never comes.
+            if rustix::process::getppid() != Some(parent) {
+                return Err(std::io::Error::from_raw_os_error(
+                    rustix::io::Errno::SRCH.raw_os_error(),
+                ));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Starts a watcher in the command's process group that kills the group when `dsh` dies (the
+/// parent-death signal reaches only `sh`, not what it started). The watcher reads a pipe whose only
+/// writer is the returned end, held by `dsh`: when `dsh` exits, however it exits, the kernel closes
+/// it, the read ends and the watcher runs `kill -KILL 0`. `None` when the watcher cannot start (the
+/// group is already gone, or the system is out of processes); the call goes on without it.
+fn watch_group(pid: Option<u32>) -> Option<(std::io::PipeWriter, tokio::process::Child)> {
+    let pgid = i32::try_from(pid?).ok()?;
+    let (reader, writer) = std::io::pipe().ok()?;
+    let watcher = tokio::process::Command::new("sh")
+        .args(["-c", "read -r _; kill -KILL 0"])
+        .stdin(Stdio::from(reader))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(pgid)
+        .kill_on_drop(false)
+        .spawn()
+        .ok()?;
+    Some((writer, watcher))
+}
+
 /// Kills the command's whole process group (it leads its own, see `process_group(0)`).
 fn kill_group(pid: Option<u32>) {
     let Some(pid) = pid
@@ -170,6 +223,7 @@ impl Tool for ShellTool {
         for var in SECRET_VARS {
             cmd.env_remove(var);
         }
+        die_with_parent(&mut cmd);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
@@ -178,6 +232,9 @@ impl Tool for ShellTool {
             }
         };
         let pid = child.id();
+        // Held until the call ends: if `dsh` dies first, the kernel closes it and the watcher
+        // kills the whole group.
+        let _lifeline = watch_group(pid);
         let bytes_max = self.config.output_bytes_max;
         let stdout = tokio::spawn(capture(child.stdout.take(), bytes_max));
         let stderr = tokio::spawn(capture(child.stderr.take(), bytes_max));
