@@ -26,6 +26,7 @@ use tokio::sync::mpsc;
 
 use crate::live::{self, AgentOptions, LiveAgent};
 use crate::render::{self, Style};
+use crate::text::visible;
 use crate::{ChatArgs, CliError, Config};
 use dsh_actors::{Observation, Observed};
 
@@ -115,7 +116,10 @@ fn read_line(input: &mut impl BufRead, bytes_max: usize) -> io::Result<Option<io
         ))));
     }
     Ok(Some(String::from_utf8(line).map_err(|_| {
-        io::Error::new(io::ErrorKind::InvalidData, "the line is not UTF-8; it was not sent")
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the line is not UTF-8; it was not sent",
+        )
     })))
 }
 
@@ -145,7 +149,7 @@ impl Screen {
     fn note(&mut self, text: &str) {
         let mut out = self.out.lock();
         let _ = self.live.newline(&mut out);
-        let _ = writeln!(out, "{}", self.style.dim(text));
+        let _ = writeln!(out, "{}", self.style.dim(&visible(text)));
         let _ = out.flush();
     }
 
@@ -176,6 +180,7 @@ pub async fn run(args: ChatArgs, config: Config) -> Result<ExitCode, CliError> {
         shell: args.shell,
         max_tokens: args.max_tokens,
         system: args.system.clone(),
+        retry_timeout_ms: args.retry_timeout_ms,
     };
     let mut sigint = signal(SignalKind::interrupt())
         .map_err(|e| CliError::Failed(format!("cannot handle SIGINT: {e}")))?;
@@ -215,7 +220,8 @@ async fn converse(
         "{}",
         style.dim(&format!(
             "dsh chat · {} · {} · /help for commands",
-            agent.provider, agent.model
+            visible(&agent.provider),
+            visible(&agent.model)
         ))
     );
     let mut sub = agent.handle.subscribe();

@@ -21,6 +21,7 @@
 //! | `shell` | boolean | give the model the `shell` tool (default false) |
 //! | `[sim]` | table | the simulated model (`dsh::llm::sim::SimConfig`: `seed`, `ttft_ms`, `tokens_per_sec`, `reply_tokens_min`, `reply_tokens_max`, `tool_call_probability`, `max_tool_steps`, `reasoning`) |
 //! | `[openai]` | table | `connect_timeout_ms`, `idle_timeout_ms` |
+//! | `retry_timeout_ms` | integer ≥ 1 | bound on the whole retry sequence of one model request (default 600000, 10 min) |
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -30,8 +31,8 @@ use dsh::llm::sim::{SimConfig, SimProvider};
 use serde::Deserialize;
 
 use crate::GlobalArgs;
-use crate::text::echo;
 use crate::secret::StartupKey;
+use crate::text::echo;
 
 /// Why a command failed. Printed as one line; `exit_code` picks the status.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +98,9 @@ pub struct Config {
     /// The simulated model; validated.
     pub sim: SimConfig,
     pub openai: OpenAiTimeouts,
+    /// `retry_timeout_ms` in `dsh.toml`: bound on one request's retry sequence (a
+    /// `--retry-timeout-ms` flag overrides it; unset: `DEFAULT_SEQUENCE_MS_MAX`).
+    pub retry_timeout_ms: Option<u64>,
     /// The configuration file that was read, if any.
     pub file: Option<PathBuf>,
     /// The API key taken from the environment at start-up (`secret::take_api_key`); `resolve`
@@ -116,9 +120,10 @@ struct FileConfig {
     shell: Option<bool>,
     sim: Option<SimConfig>,
     openai: Option<OpenAiTimeouts>,
+    retry_timeout_ms: Option<u64>,
 }
 
-const KEYS: [&str; 9] = [
+const KEYS: [&str; 10] = [
     "data_dir",
     "provider",
     "base_url",
@@ -128,6 +133,7 @@ const KEYS: [&str; 9] = [
     "shell",
     "sim",
     "openai",
+    "retry_timeout_ms",
 ];
 
 impl Config {
@@ -173,6 +179,7 @@ impl Config {
             shell: file.shell.unwrap_or(false),
             sim: file.sim.unwrap_or_default(),
             openai: file.openai.unwrap_or_default(),
+            retry_timeout_ms: file.retry_timeout_ms,
             file: file_path,
             api_key: StartupKey::Unset,
         })
@@ -215,7 +222,11 @@ fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
     let mut out = FileConfig::default();
     for (key, value) in table {
         let bad = |expected: &str, value: &toml::Value| {
-            format!("key `{}`: expected {expected}, got {}", echo(&key), shown(value))
+            format!(
+                "key `{}`: expected {expected}, got {}",
+                echo(&key),
+                shown(value)
+            )
         };
         match key.as_str() {
             "data_dir" => {
@@ -250,6 +261,14 @@ fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
                     .filter(|&n| n >= 1)
                     .ok_or_else(|| bad("a positive integer", &value))?;
                 out.max_tokens = Some(n);
+            }
+            "retry_timeout_ms" => {
+                let n = value
+                    .as_integer()
+                    .and_then(|n| u64::try_from(n).ok())
+                    .filter(|&n| n >= 1)
+                    .ok_or_else(|| bad("a positive integer (milliseconds)", &value))?;
+                out.retry_timeout_ms = Some(n);
             }
             "system" => {
                 let s = value.as_str().ok_or_else(|| bad("a string", &value))?;
@@ -358,6 +377,7 @@ model = "m"
 max_tokens = 100
 system = "be brief"
 shell = true
+retry_timeout_ms = 60000
 [sim]
 seed = 7
 ttft_ms = 0
@@ -373,6 +393,7 @@ idle_timeout_ms = 5000
         assert_eq!(c.max_tokens, Some(100));
         assert_eq!(c.system.as_deref(), Some("be brief"));
         assert_eq!(c.shell, Some(true));
+        assert_eq!(c.retry_timeout_ms, Some(60_000));
         let sim = c.sim.expect("sim");
         assert_eq!((sim.seed, sim.ttft_ms), (7, 0));
         assert_eq!(sim.tokens_per_sec, SimConfig::default().tokens_per_sec);
@@ -392,7 +413,7 @@ idle_timeout_ms = 5000
         let cases = [
             (
                 "modle = \"x\"",
-                "unknown key `modle` (known keys: data_dir, provider, base_url, model, max_tokens, system, shell, sim, openai)",
+                "unknown key `modle` (known keys: data_dir, provider, base_url, model, max_tokens, system, shell, sim, openai, retry_timeout_ms)",
             ),
             (
                 "max_tokens = \"ten\"",
@@ -402,7 +423,10 @@ idle_timeout_ms = 5000
                 "max_tokens = 0",
                 "key `max_tokens`: expected a positive integer, got integer 0",
             ),
-            ("shell = 1", "key `shell`: expected a boolean, got integer 1"),
+            (
+                "shell = 1",
+                "key `shell`: expected a boolean, got integer 1",
+            ),
             (
                 "provider = \"gpt\"",
                 "key `provider`: unknown provider `gpt`: expected openai, sim or script",
@@ -425,7 +449,10 @@ idle_timeout_ms = 5000
             assert_eq!(parsed(text).err().as_deref(), Some(want), "{text}");
         }
         let err = parsed("[sim]\nsed = 1").expect_err("unknown sim key");
-        assert!(err.starts_with("key `sim.sed`: unknown field `sed`"), "{err}");
+        assert!(
+            err.starts_with("key `sim.sed`: unknown field `sed`"),
+            "{err}"
+        );
         assert_eq!(
             parsed("[sim]\nttft_ms = 1\nseed = \"x\"").err().as_deref(),
             Some("key `sim.seed`: invalid type: string \"x\", expected u64")

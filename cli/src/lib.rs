@@ -14,6 +14,7 @@ mod check;
 pub mod config;
 mod live;
 pub mod render;
+mod retries;
 pub mod run;
 pub mod scenario;
 pub mod secret;
@@ -159,6 +160,10 @@ pub struct ChatArgs {
     /// The system prompt.
     #[arg(long, value_name = "TEXT")]
     pub system: Option<String>,
+    /// Give up retrying a failed model request once its retries have taken this long (default
+    /// 600000, or `retry_timeout_ms` in dsh.toml).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub retry_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -180,6 +185,10 @@ pub struct RunArgs {
     /// The system prompt.
     #[arg(long, value_name = "TEXT")]
     pub system: Option<String>,
+    /// Give up retrying a failed model request once its retries have taken this long (default
+    /// 600000, or `retry_timeout_ms` in dsh.toml).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub retry_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -13,13 +13,14 @@ use dsh::SessionId;
 use dsh::hooks::Hooks;
 use dsh::llm::openai::{self, OpenAiConfig, OpenAiProvider};
 use dsh::llm::provider::{Provider, ProviderRegistry};
-use dsh::llm::retry::RetryHook;
+use dsh::llm::retry::SequenceBound;
 use dsh::llm::script::{Gates, ScriptEntry, ScriptProvider};
 use dsh::llm::sim::SimProvider;
 use dsh::session::store::SessionStore;
 use dsh::session::store::sqlite::{SqliteConfig, SqliteStore};
 use dsh::turn::AgentConfig;
 
+use crate::retries::AnnouncedRetries;
 use crate::secret::StartupKey;
 use crate::tools::{ShellConfig, builtin};
 use crate::{CliError, Config};
@@ -42,6 +43,8 @@ pub struct AgentOptions {
     pub max_tokens: Option<u64>,
     /// `--system`, over the configuration's.
     pub system: Option<String>,
+    /// `--retry-timeout-ms`, over the configuration's.
+    pub retry_timeout_ms: Option<u64>,
 }
 
 /// A running host with the one agent the command drives.
@@ -186,7 +189,13 @@ pub async fn start(config: &Config, opts: &AgentOptions) -> Result<LiveAgent, Cl
     let mut providers = ProviderRegistry::new();
     providers.register(built.provider);
     let mut hooks = Hooks::new();
-    hooks.request_error.push(Arc::new(RetryHook::new()));
+    let bound = opts
+        .retry_timeout_ms
+        .or(config.retry_timeout_ms)
+        .map_or_else(SequenceBound::default, |ms_max| SequenceBound { ms_max });
+    hooks
+        .request_error
+        .push(Arc::new(AnnouncedRetries::new(bound)));
 
     let store = Arc::new(
         SqliteStore::open(&config.data_dir, SqliteConfig::default()).map_err(|e| {

@@ -24,7 +24,10 @@ fn main() -> ExitCode {
                 .with_writer(std::io::stderr)
                 .init(),
             Err(e) => {
-                eprintln!("dsh: DSH_LOG: {}", dsh_cli::text::error_line(&e.to_string()));
+                eprintln!(
+                    "dsh: DSH_LOG: {}",
+                    dsh_cli::text::error_line(&e.to_string())
+                );
                 return ExitCode::from(64);
             }
         }

@@ -6,6 +6,10 @@
 //! are not shown again. Non-surface events (turn and step boundaries, tool calls, retries, discarded
 //! input) are shown where they help a reader follow what happened.
 //!
+//! Nothing from the log reaches the terminal raw: every piece of text that the model, a tool, a
+//! server or the user wrote passes through `text::visible`, so an escape sequence in it (a title
+//! change, a screen clear) is shown as `^[…`, never obeyed. Only the styling below emits escapes.
+//!
 //! Styling is ANSI only when the output is a terminal and `NO_COLOR` is unset; without it, reasoning
 //! is prefixed (`[thinking]`) instead of dimmed, so the distinction survives a pipe.
 
@@ -17,6 +21,8 @@ use dsh::session::event::{
     CancelCause, Event, EventData, SessionHeader, SurfaceOp, ToolResultEvent, TurnEndReason,
 };
 use serde_json::Value;
+
+use crate::text::visible;
 
 /// Characters of tool arguments shown on a tool line.
 const ARGS_SHOWN_MAX: usize = 80;
@@ -71,9 +77,9 @@ pub fn snippet(s: &str, chars_max: usize) -> String {
         .chars()
         .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
         .collect();
-    let flat = flat.trim();
+    let flat = visible(flat.trim());
     if flat.chars().count() <= chars_max {
-        flat.to_string()
+        flat.into_owned()
     } else {
         let mut out: String = flat.chars().take(chars_max.saturating_sub(1)).collect();
         out.push('…');
@@ -88,7 +94,11 @@ pub fn turn_end_note(reason: &TurnEndReason) -> Option<String> {
         TurnEndReason::MaxTokens => Some("max-tokens: the reply hit the output limit".into()),
         TurnEndReason::Blocked => Some("blocked: a hook refused the step".into()),
         TurnEndReason::Aborted { reason } => Some(format!("aborted ({})", cause_text(reason))),
-        TurnEndReason::Error { error } => Some(format!("error {}: {}", error.code, error.message)),
+        TurnEndReason::Error { error } => Some(format!(
+            "error {}: {}",
+            visible(&error.code),
+            visible(&error.message)
+        )),
         TurnEndReason::Interrupted => {
             Some("interrupted: the process stopped mid-turn (closed by repair)".into())
         }
@@ -99,7 +109,7 @@ fn cause_text(cause: &CancelCause) -> String {
     match cause {
         CancelCause::User => "cancelled by the user".into(),
         CancelCause::Parent => "cancelled by its parent".into(),
-        CancelCause::Hook { reason } => format!("cancelled by a hook: {reason}"),
+        CancelCause::Hook { reason } => format!("cancelled by a hook: {}", visible(reason)),
         CancelCause::Disposed => "the agent was disposed".into(),
         CancelCause::Legacy => "cancelled".into(),
     }
@@ -187,8 +197,9 @@ fn call_text(name: &str, arguments: &str) -> String {
     let compact = serde_json::from_str::<Value>(arguments)
         .map(|v| v.to_string())
         .unwrap_or_else(|_| arguments.to_string());
+    let name = visible(name);
     if compact.is_empty() || compact == "{}" {
-        name.to_string()
+        name.into_owned()
     } else {
         format!("{name} {}", snippet(&compact, ARGS_SHOWN_MAX))
     }
@@ -254,7 +265,7 @@ impl Live {
         if text.is_empty() {
             return Ok(());
         }
-        out.write_all(text.as_bytes())?;
+        out.write_all(visible(text).as_bytes())?;
         self.at_line_start = text.ends_with('\n');
         Ok(())
     }
@@ -330,7 +341,7 @@ impl Live {
                         "[retry {} in {:.1} s: {} {}]",
                         r.retry,
                         delay_ms / 1000.0,
-                        r.failure.code,
+                        visible(&r.failure.code),
                         snippet(&r.failure.message, SUMMARY_SHOWN_MAX)
                     ))
                 )?;
@@ -388,12 +399,12 @@ pub fn transcript(
         "{}",
         style.bold(&format!(
             "session {}  created {}{}",
-            header.id,
+            visible(header.id.as_str()),
             utc(i64::try_from(header.created_at).unwrap_or(i64::MAX)),
             header
                 .cwd
                 .as_ref()
-                .map(|c| format!("  cwd {c}"))
+                .map(|c| format!("  cwd {}", visible(c)))
                 .unwrap_or_default()
         ))
     )?;
@@ -412,22 +423,23 @@ pub fn transcript(
                 let prefix = if m.source.kind() == "user" {
                     "> ".to_string()
                 } else {
-                    format!("[{}] ", m.source.kind())
+                    format!("[{}] ", visible(m.source.kind()))
                 };
-                indented(out, &style.cyan(&prefix), &text)?;
+                indented(out, &style.cyan(&prefix), &visible(&text))?;
             }
             EventData::AssistantMessage(a) if is_shown_surface(event) => {
                 for block in &a.message.content {
                     match block {
                         ContentBlock::Reasoning { text } => {
+                            let text = visible(text);
                             let shown = if style.color {
-                                style.dim(text)
+                                style.dim(&text)
                             } else {
                                 format!("[thinking] {text}")
                             };
                             writeln!(out, "{shown}")?;
                         }
-                        ContentBlock::Text { text } => writeln!(out, "{text}")?,
+                        ContentBlock::Text { text } => writeln!(out, "{}", visible(text))?,
                         _ => {}
                     }
                 }
@@ -445,9 +457,11 @@ pub fn transcript(
                 )?;
             }
             EventData::ToolResult(r) if is_shown_surface(event) => {
-                let name = result_call_id(r)
-                    .and_then(|id| calls.get(id))
-                    .map_or("tool", String::as_str);
+                let name = visible(
+                    result_call_id(r)
+                        .and_then(|id| calls.get(id))
+                        .map_or("tool", String::as_str),
+                );
                 let (text, is_error) = result_text(r);
                 let head = if is_error {
                     style.red(&format!("← {name} failed:"))
@@ -457,7 +471,7 @@ pub fn transcript(
                 writeln!(out, "{head}")?;
                 let n_lines = text.lines().count();
                 for line in text.lines().take(RESULT_LINES_SHOWN_MAX) {
-                    writeln!(out, "    {line}")?;
+                    writeln!(out, "    {}", visible(line))?;
                 }
                 if n_lines > RESULT_LINES_SHOWN_MAX {
                     writeln!(
@@ -479,8 +493,8 @@ pub fn transcript(
                         "[retry {} after {:.1} s: {} {}]",
                         r.retry,
                         delay_ms / 1000.0,
-                        r.failure.code,
-                        r.failure.message
+                        visible(&r.failure.code),
+                        visible(&r.failure.message)
                     ))
                 )?;
             }

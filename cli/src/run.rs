@@ -78,6 +78,7 @@ pub async fn run(args: RunArgs, config: Config) -> Result<ExitCode, CliError> {
         shell: args.shell,
         max_tokens: args.max_tokens,
         system: args.system.clone(),
+        retry_timeout_ms: args.retry_timeout_ms,
     };
     // Install the handlers first, so a signal during start-up cannot kill the process mid-write.
     let mut sigint = signal(SignalKind::interrupt())

@@ -78,7 +78,10 @@ mod tests {
             visible("a\x1b]0;pwned\x07b\x1b[2Jc"),
             "a^[]0;pwned^Gb^[[2Jc"
         );
-        assert_eq!(visible("del\u{7f} csi\u{9b}2J cr\r"), "del^? csi\\u{9b}2J cr^M");
+        assert_eq!(
+            visible("del\u{7f} csi\u{9b}2J cr\r"),
+            "del^? csi\\u{9b}2J cr^M"
+        );
         assert_eq!(visible("héllo ␛"), "héllo ␛");
     }
 

@@ -17,8 +17,8 @@ use dsh::limits::Limits;
 use dsh::session::store::jsonl::{ImportOptions, export, import_with};
 use dsh::session::store::{EncodedEvent, SessionStore, StoreError};
 
-use crate::text::{echo, error_line};
 use crate::stored::{close, inspect_stored, open, open_existing};
+use crate::text::{echo, error_line};
 use crate::{CliError, Config, ExportArgs, ImportArgs};
 
 /// Runs `dsh export`.
@@ -116,14 +116,15 @@ pub async fn import_cmd(args: ImportArgs, config: Config) -> Result<ExitCode, Cl
         Some(s) => Some(SessionId::new(s).map_err(|e| CliError::Usage(format!("--id: {e}")))?),
         None => None,
     };
-    let file = File::open(&args.file)
-        .map_err(|e| CliError::Failed(format!("{}: {e}", echo(&args.file.display().to_string()))))?;
+    let file = File::open(&args.file).map_err(|e| {
+        CliError::Failed(format!("{}: {e}", echo(&args.file.display().to_string())))
+    })?;
     let options = ImportOptions {
         session_id,
         cwd: None,
     };
-    let imported = import_with(&mut BufReader::new(file), &Limits::DEFAULT, &options)
-        .map_err(|e| {
+    let imported =
+        import_with(&mut BufReader::new(file), &Limits::DEFAULT, &options).map_err(|e| {
             CliError::Failed(format!(
                 "invalid: {}: {}",
                 echo(&args.file.display().to_string()),

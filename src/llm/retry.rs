@@ -644,6 +644,48 @@ impl RetryHook {
     }
 }
 
+/// The default bound on the retry sequence of one request (`SequenceBound`): 10 minutes. With the
+/// `openai` provider's 300 s idle timeout and the default 5 retries, an unbounded sequence against a
+/// stalled server waits about 30 minutes before the turn ends.
+pub const DEFAULT_SEQUENCE_MS_MAX: u64 = 600_000;
+
+/// A bound on the whole retry sequence of one request, on top of a policy's own budget: a retry is
+/// scheduled only if it would start within `ms_max` of the sequence's first failure. Each attempt
+/// keeps its own idle timeout, so the last attempt may still run for one timeout past the bound.
+///
+/// Pure: the caller measures the time since the first failure and passes it in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SequenceBound {
+    /// Milliseconds from the sequence's first failure within which a retry may start.
+    pub ms_max: u64,
+}
+
+impl Default for SequenceBound {
+    /// `DEFAULT_SEQUENCE_MS_MAX`.
+    fn default() -> Self {
+        SequenceBound {
+            ms_max: DEFAULT_SEQUENCE_MS_MAX,
+        }
+    }
+}
+
+impl SequenceBound {
+    /// Whether a retry after `delay_ms`, decided `elapsed_ms` after the sequence's first failure,
+    /// starts within the bound.
+    pub fn allows(&self, elapsed_ms: u64, delay_ms: f64) -> bool {
+        (elapsed_ms as f64 + delay_ms.max(0.0)) <= self.ms_max as f64
+    }
+
+    /// `recovery` cut by the bound: a scheduled retry that would start too late becomes `Delegate`
+    /// (the turn ends `error` with the failure).
+    pub fn apply(&self, recovery: Recovery, elapsed_ms: u64) -> Recovery {
+        match recovery {
+            Recovery::Backoff(s) if !self.allows(elapsed_ms, s.delay_ms) => Recovery::Delegate,
+            other => other,
+        }
+    }
+}
+
 #[async_trait]
 impl RequestErrorHook for RetryHook {
     async fn request_error(&self, ctx: &RequestErrorCtx) -> Result<Recovery, HookError> {
@@ -1316,6 +1358,30 @@ mod tests {
             uuid::Uuid::parse_str(&s.retry_id).map(|u| u.get_version_num()),
             Ok(4)
         );
+    }
+
+    #[test]
+    fn the_sequence_bound_refuses_a_retry_that_would_start_too_late() {
+        let bound = SequenceBound { ms_max: 10_000 };
+        assert_eq!(SequenceBound::default().ms_max, 600_000);
+        assert!(bound.allows(0, 500.0));
+        assert!(bound.allows(9_000, 1_000.0));
+        assert!(!bound.allows(9_001, 1_000.0));
+        assert!(!bound.allows(10_001, 0.0));
+        let c = ctx(
+            "mock",
+            failure(codes::TIMEOUT),
+            Some(RetryPolicy::default()),
+            Vec::new(),
+            0.5,
+        );
+        let recovery = RetryHook::new().recovery(&c, || "r1".into());
+        assert!(matches!(
+            bound.apply(recovery.clone(), 1_000),
+            Recovery::Backoff(_)
+        ));
+        assert_eq!(bound.apply(recovery, 9_999), Recovery::Delegate);
+        assert_eq!(bound.apply(Recovery::Delegate, 0), Recovery::Delegate);
     }
 
     proptest::proptest! {

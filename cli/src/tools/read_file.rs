@@ -249,9 +249,7 @@ impl Tool for ReadFileTool {
 fn render(path: &str, offset: u64, w: Window) -> ToolOutput {
     let (text, meta) = match w.shown {
         None => (
-            format!(
-                "[{path}: no line {offset} (the file is shorter)]"
-            ),
+            format!("[{path}: no line {offset} (the file is shorter)]"),
             json!({"path": path, "lines": 0}),
         ),
         Some((first, last)) => {

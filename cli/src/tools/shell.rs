@@ -131,10 +131,8 @@ fn die_with_parent(cmd: &mut tokio::process::Command) {
     // allocation either).
     unsafe {
         cmd.pre_exec(move || {
-            rustix::process::set_parent_process_death_signal(Some(
-                rustix::process::Signal::KILL,
-            ))
-            .map_err(|e| std::io::Error::from_raw_os_error(e.raw_os_error()))?;
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                .map_err(|e| std::io::Error::from_raw_os_error(e.raw_os_error()))?;
             // `dsh` may have died between the fork and the prctl: then the signal never comes.
             if rustix::process::getppid() != Some(parent) {
                 return Err(std::io::Error::from_raw_os_error(
