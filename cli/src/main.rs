@@ -15,7 +15,13 @@ fn main() -> ExitCode {
     let key = unsafe { dsh_cli::secret::take_api_key() };
     let cli = match dsh_cli::Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => return dsh_cli::usage::report(&e),
+        Err(e) => {
+            // Read as text only to name the subcommand in the hint (arguments may be any bytes).
+            let args: Vec<String> = std::env::args_os()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            return dsh_cli::usage::report(&e, &args);
+        }
     };
     if let Ok(filter) = std::env::var("DSH_LOG") {
         match tracing_subscriber::EnvFilter::try_new(&filter) {

@@ -9,24 +9,32 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 
 use crate::text::error_line;
 
-/// Prints `e` (a failed parse of the command line) and returns the exit status: help and version
-/// as clap prints them, any argument error as one `dsh:` line with a `see dsh … --help` hint.
-pub fn report(e: &clap::Error) -> ExitCode {
+/// Prints `e` (a failed parse of the command line `args`) and returns the exit status: help and
+/// version as clap prints them, any argument error as one `dsh:` line with a `see dsh … --help`
+/// hint.
+pub fn report(e: &clap::Error, args: &[String]) -> ExitCode {
     if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
         // A failed write of help text has nowhere better to go.
         let _ = e.print();
         return ExitCode::SUCCESS;
     }
-    eprintln!("dsh: {}", one_line(e));
+    eprintln!("dsh: {}", one_line(e, args));
     ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2))
 }
 
 /// The one-line form of an argument error: clap's message, its tip if any, and the help hint.
-pub fn one_line(e: &clap::Error) -> String {
+pub fn one_line(e: &clap::Error, args: &[String]) -> String {
     let rendered = e.render().to_string();
     let message = match e.kind() {
         ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
             "a subcommand is required".to_string()
+        }
+        ErrorKind::MissingRequiredArgument => {
+            let missing = match e.get(ContextKind::InvalidArg) {
+                Some(ContextValue::Strings(names)) => names.join(", "),
+                _ => String::new(),
+            };
+            format!("the following required arguments were not provided: {missing}")
         }
         _ => rendered
             .lines()
@@ -45,12 +53,13 @@ pub fn one_line(e: &clap::Error) -> String {
     format!(
         "{} (see {} --help)",
         error_line(&format!("{message}{tip}")),
-        command_path(e)
+        command_path(e, args)
     )
 }
 
-/// `dsh` or `dsh SUBCOMMAND`, read from the usage line clap attached to the error.
-fn command_path(e: &clap::Error) -> String {
+/// `dsh` or `dsh SUBCOMMAND`: read from the usage line clap attached to the error, else the first
+/// argument that names a subcommand.
+fn command_path(e: &clap::Error, args: &[String]) -> String {
     let usage = match e.get(ContextKind::Usage) {
         Some(ContextValue::StyledStr(s)) => s.to_string(),
         _ => String::new(),
@@ -61,9 +70,12 @@ fn command_path(e: &clap::Error) -> String {
         .split_whitespace()
         .take_while(|w| !w.starts_with(['[', '<', '-']))
         .collect();
-    if words.first() == Some(&"dsh") {
-        words.join(" ")
-    } else {
-        "dsh".to_string()
+    if words.len() > 1 && words[0] == "dsh" {
+        return words.join(" ");
     }
+    let command = <crate::Cli as clap::CommandFactory>::command();
+    args.iter()
+        .skip(1)
+        .find(|a| command.find_subcommand(a.as_str()).is_some())
+        .map_or_else(|| "dsh".to_string(), |sub| format!("dsh {sub}"))
 }
