@@ -1645,7 +1645,8 @@ fn shell_commands_die_with_dsh() {
     // Orphans of this test process are re-parented to it, so it can wait for them.
     rustix::process::set_child_subreaper(Some(rustix::process::getpid())).expect("subreaper");
     let sb = Sandbox::new();
-    let command = "echo $$ > pid.tmp && mv pid.tmp pid; sleep 30; touch marker";
+    // Only builtins before `sleep`, so the group holds exactly `sh` and `sleep` when dsh dies.
+    let command = "echo $$ > pid; sleep 30; touch marker";
     let script = one_call(
         &sb,
         "shell",
@@ -1666,23 +1667,30 @@ fn shell_commands_die_with_dsh() {
         .expect("dsh runs");
     let pid_file = sb.path().join("pid");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !pid_file.exists() {
+    let sh: i32 = loop {
+        // The line is complete once its newline is there.
+        let text = std::fs::read_to_string(&pid_file).unwrap_or_default();
+        if text.ends_with('\n') {
+            break text.trim().parse().expect("a pid");
+        }
         assert!(
             std::time::Instant::now() < deadline,
             "the command never started"
         );
         std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let sh: i32 = std::fs::read_to_string(&pid_file)
-        .expect("read pid")
-        .trim()
-        .parse()
-        .expect("a pid");
+    };
+    // The group's id: field 5 of /proc/PID/stat (after the parenthesised command name).
+    let stat = std::fs::read_to_string(format!("/proc/{sh}/stat")).expect("sh runs");
+    let pgid: i32 = stat
+        .rsplit_once(") ")
+        .and_then(|(_, rest)| rest.split(' ').nth(2))
+        .and_then(|f| f.parse().ok())
+        .expect("a process group id");
     child.kill().expect("SIGKILL dsh");
     child.wait().expect("reap dsh");
-    // Every process of the command's group (sh leads it) is now this process's child: reap them all.
+    // Every process of the command's group is now this process's child: reap them all.
     // None may end by exiting: each must have been killed.
-    let group = Pid::from_raw(sh).expect("a pid");
+    let group = Pid::from_raw(pgid).expect("a pid");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let mut reaped = Vec::new();
     loop {
@@ -1703,7 +1711,7 @@ fn shell_commands_die_with_dsh() {
     for (pid, status) in &reaped {
         assert!(
             status.terminating_signal().is_some(),
-            "{pid} was not killed: {status:?}"
+            "{pid} was not killed: {status:?} (sh {sh}, all {reaped:?})"
         );
     }
     assert!(!sb.path().join("marker").exists());
