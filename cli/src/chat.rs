@@ -418,3 +418,43 @@ async fn on_line(
     }
     Ok(Next::Continue)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(input: &[u8], bytes_max: usize) -> Vec<Result<String, String>> {
+        let mut reader = io::BufReader::with_capacity(4, input);
+        let mut out = Vec::new();
+        while let Some(line) = read_line(&mut reader, bytes_max).expect("reads") {
+            out.push(line.map_err(|e| e.to_string()));
+        }
+        out
+    }
+
+    #[test]
+    fn lines_are_bounded_and_the_rest_of_a_long_line_is_dropped() {
+        assert_eq!(
+            lines(b"one\r\ntwo\n\nlast", 8),
+            [
+                Ok("one".into()),
+                Ok("two".into()),
+                Ok(String::new()),
+                Ok("last".into())
+            ]
+        );
+        assert_eq!(
+            lines(b"123456789\nok\n12345678\n", 8),
+            [
+                Err("the line is 9 bytes, over the limit of 8; it was not sent".into()),
+                Ok("ok".into()),
+                Ok("12345678".into())
+            ]
+        );
+        assert_eq!(
+            lines(b"\xff\xfe\n", 8),
+            [Err("the line is not UTF-8; it was not sent".into())]
+        );
+        assert!(lines(b"", 8).is_empty());
+    }
+}

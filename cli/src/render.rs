@@ -566,6 +566,42 @@ mod tests {
         assert_eq!(utc(-1_000), "1969-12-31 23:59:59");
     }
 
+    /// Escapes in streamed text, reasoning, tool names and arguments, and failures are shown.
+    #[test]
+    fn live_output_shows_control_characters() {
+        use dsh::session::event::AssistantChunk;
+        let chunk = |chunk: StreamChunk| Event {
+            seq: 0,
+            time: 0,
+            data: EventData::AssistantChunk(Box::new(AssistantChunk {
+                turn: 1,
+                step: 1,
+                chunk,
+            })),
+            ignorable: false,
+            source_event_seqs: None,
+            surface_op: None,
+        };
+        let mut live = Live::new(Style { color: false });
+        let mut out = Vec::new();
+        for c in [
+            StreamChunk::ReasoningDelta {
+                index: 0,
+                text: "plan\x1b]0;x\x07".into(),
+            },
+            StreamChunk::TextDelta {
+                index: 1,
+                text: "hi\x1b[2J\n".into(),
+            },
+        ] {
+            live.event(&chunk(c), &mut out).expect("writes");
+        }
+        let shown = String::from_utf8(out).expect("utf-8");
+        assert_eq!(shown, "[thinking] plan^[]0;x^G\nhi^[[2J\n");
+        assert_eq!(call_text("r\x1bx", "not json \x1b"), "r^[x not json ^[");
+        assert_eq!(snippet("a\x1bb", 10), "a^[b");
+    }
+
     #[test]
     fn snippet_flattens_and_cuts() {
         assert_eq!(snippet("a\nb", 10), "a b");

@@ -280,6 +280,21 @@ mod tests {
         );
     }
 
+    /// A file operation that never returns (a read of a FIFO on the old code) cannot hold up a
+    /// cancelled call.
+    #[tokio::test]
+    async fn cancellation_ends_a_blocked_file_operation() {
+        let cancel = CancellationToken::new();
+        let (release, blocked) = std::sync::mpsc::channel::<()>();
+        let call = blocking(&cancel, move || {
+            let _ = blocked.recv();
+            Ok(())
+        });
+        cancel.cancel();
+        assert_eq!(call.await.map_err(|f| f.code), Err("CANCELLED"));
+        drop(release);
+    }
+
     #[test]
     fn cut_utf8_never_splits_a_character() {
         assert_eq!(cut_utf8("héllo", 2), "h");
