@@ -1,0 +1,250 @@
+//! What `dsh sim` reports: latency percentiles, the store's ceiling and the whole report, as one
+//! JSON object (`--json`) or as text.
+
+use super::*;
+
+/// p50, p99 and max of one latency, in milliseconds; `null` when nothing was measured.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Percentiles {
+    pub p50: Option<f64>,
+    pub p99: Option<f64>,
+    pub max: Option<f64>,
+    /// How many samples were taken.
+    pub n: u64,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles of `samples_ns` (sorted in place).
+    pub fn of(samples_ns: &mut [u64]) -> Percentiles {
+        samples_ns.sort_unstable();
+        let n = samples_ns.len();
+        let rank = |p: f64| -> Option<f64> {
+            if n == 0 {
+                return None;
+            }
+            let idx = ((p * n as f64).ceil() as usize).clamp(1, n) - 1;
+            Some(ms(samples_ns[idx]))
+        };
+        Percentiles {
+            p50: rank(0.50),
+            p99: rank(0.99),
+            max: rank(1.0),
+            n: n as u64,
+        }
+    }
+}
+
+pub(super) fn ms(ns: u64) -> f64 {
+    // Microsecond resolution is all a report needs.
+    (ns / 1_000) as f64 / 1_000.0
+}
+
+pub(super) fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The store's own group-commit ceiling, measured in the same run.
+#[derive(Clone, Debug, Serialize)]
+pub struct CeilingReport {
+    pub events_per_sec: f64,
+    pub appenders: usize,
+    pub events: u64,
+    /// Events per append (the run's mean, rounded, at least 1).
+    pub batch_events: usize,
+    /// Bytes of one event's JSON (the run's mean).
+    pub event_bytes: usize,
+    pub duration_ms: f64,
+}
+
+/// Everything `dsh sim` reports. `--json` prints it as one object (SPEC §10 names the required keys).
+#[derive(Clone, Debug, Serialize)]
+pub struct SimReport {
+    pub agents: usize,
+    /// Turns that ended, over all agents (`host.metrics()`).
+    pub turns: u64,
+    pub turns_per_agent: usize,
+    /// From the first input sent to the last agent idle.
+    pub duration_ms: f64,
+    pub turns_per_sec: f64,
+    /// Events acknowledged durable by the store during the run.
+    pub events: u64,
+    pub events_per_sec: f64,
+    pub store: StoreChoice,
+    /// Where the sqlite store is, when `--keep-store` kept it.
+    pub store_dir: Option<PathBuf>,
+    pub store_ceiling: Option<CeilingReport>,
+    /// Appends the runtime made during the run (each one batch of one agent's events).
+    pub store_appends: u64,
+    /// Commit groups (one fsync each) the sqlite store made during the run.
+    pub store_groups: Option<u64>,
+    /// `events_per_sec` / `store_ceiling.events_per_sec`.
+    pub store_ceiling_ratio: Option<f64>,
+    pub agents_created_per_sec: f64,
+    /// `VmHWM` once the agents hibernated: the most resident memory the process had during the run
+    /// (before the store-ceiling burst).
+    pub peak_rss_bytes: Option<u64>,
+    /// `VmRSS` before the agents were created.
+    pub rss_before_bytes: Option<u64>,
+    /// `VmRSS` after the agents hibernated, once the allocator returned its free memory (glibc
+    /// `malloc_trim`): what the agents hold, not what the run's transient logs left behind.
+    pub rss_hibernated_bytes: Option<u64>,
+    /// (`rss_hibernated_bytes` - `rss_before_bytes` - `observer_bytes`) / `agents`.
+    pub bytes_per_agent: Option<u64>,
+    /// The same before the allocator returned its free memory: what a process that just ran this
+    /// load actually keeps resident.
+    pub bytes_per_agent_untrimmed: Option<u64>,
+    /// `VmRSS` growth while the observed agents were subscribed (their subscription buffers).
+    pub observer_bytes: u64,
+    pub hibernated_agents: usize,
+    pub step_latency_ms: Percentiles,
+    pub ack_latency_ms: Percentiles,
+    pub steer_to_claim_ms: Percentiles,
+    pub cancel_to_idle_ms: Percentiles,
+    pub followups: u64,
+    pub steers: u64,
+    /// Steers of the observed agents claimed at a step boundary.
+    pub steers_claimed: u64,
+    /// Steers of the observed agents a cancel discarded before a step boundary claimed them.
+    pub steers_discarded: u64,
+    pub cancels: u64,
+    /// Turns of the observed agents whose first claimed message was a followup, or a steer (a
+    /// steer that arrived after the turn it chased had ended starts a turn of its own).
+    pub turns_started_by_followup: u64,
+    pub turns_started_by_steer: u64,
+    /// `turn/end` reasons of the observed agents, by kind.
+    pub turn_ends: BTreeMap<String, u64>,
+    /// How many agents were observed (step, steer and turn-end figures come from them).
+    pub observed_agents: usize,
+    /// Observations the host-wide observer missed (its samples are then incomplete).
+    pub observer_lagged: u64,
+    pub config: SimPlan,
+}
+
+impl SimReport {
+    /// The human-readable report.
+    ///
+    /// # Errors
+    /// When `out` cannot be written.
+    pub fn render(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        let c = &self.config;
+        writeln!(
+            out,
+            "dsh sim: {} agents x {} turns, store {}, model: first token {} ms, {} tokens/s, {} tokens/reply, tool rate {}, tool {} ms; steer rate {}, cancel rate {}, seed {}",
+            self.agents,
+            c.turns_per_agent,
+            store_name(c.store),
+            c.latency_ms,
+            if c.tokens_per_sec == 0 {
+                "unpaced".to_string()
+            } else {
+                c.tokens_per_sec.to_string()
+            },
+            c.reply_tokens,
+            c.tool_rate,
+            c.tool_ms,
+            c.steer_rate,
+            c.cancel_rate,
+            c.seed,
+        )?;
+        writeln!(
+            out,
+            "  turns           {:>10} in {:.3} s   {:>12.0} turns/s",
+            self.turns,
+            self.duration_ms / 1000.0,
+            self.turns_per_sec
+        )?;
+        write!(
+            out,
+            "  durable events  {:>10}              {:>12.0} events/s",
+            self.events, self.events_per_sec
+        )?;
+        match (&self.store_ceiling, self.store_ceiling_ratio) {
+            (Some(ceiling), Some(ratio)) => writeln!(
+                out,
+                "   ({:.0} % of the store's ceiling, {:.0} events/s with {} appenders)",
+                ratio * 100.0,
+                ceiling.events_per_sec,
+                ceiling.appenders
+            )?,
+            _ => writeln!(out)?,
+        }
+        writeln!(
+            out,
+            "  store appends   {:>10}{}",
+            self.store_appends,
+            self.store_groups.map_or_else(String::new, |g| format!(
+                " in {g} commit groups ({:.1} appends/group)",
+                self.store_appends as f64 / g.max(1) as f64
+            ))
+        )?;
+        writeln!(
+            out,
+            "  agents created  {:>10.0} /s",
+            self.agents_created_per_sec
+        )?;
+        writeln!(
+            out,
+            "  latency (ms)              p50        p99        max          n"
+        )?;
+        for (name, p) in [
+            ("step", &self.step_latency_ms),
+            ("input ack", &self.ack_latency_ms),
+            ("steer -> claim", &self.steer_to_claim_ms),
+            ("cancel -> idle", &self.cancel_to_idle_ms),
+        ] {
+            let cell = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.3}"));
+            writeln!(
+                out,
+                "    {name:<16} {:>10} {:>10} {:>10} {:>10}",
+                cell(p.p50),
+                cell(p.p99),
+                cell(p.max),
+                p.n
+            )?;
+        }
+        let mib = |b: Option<u64>| {
+            b.map_or_else(
+                || "unknown".to_string(),
+                |b| format!("{:.1} MiB", b as f64 / (1 << 20) as f64),
+            )
+        };
+        let bytes =
+            |b: Option<u64>| b.map_or_else(|| "unknown".to_string(), |b| format!("{b} bytes"));
+        writeln!(
+            out,
+            "  memory: peak RSS {}; {} per hibernated agent, {} before the allocator returned free memory ({} of {} hibernated)",
+            mib(self.peak_rss_bytes),
+            bytes(self.bytes_per_agent),
+            bytes(self.bytes_per_agent_untrimmed),
+            self.hibernated_agents,
+            self.agents
+        )?;
+        writeln!(
+            out,
+            "  inputs: {} followups, {} steers ({} claimed, {} discarded by a cancel), {} cancels",
+            self.followups, self.steers, self.steers_claimed, self.steers_discarded, self.cancels
+        )?;
+        let ends: Vec<String> = self
+            .turn_ends
+            .iter()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect();
+        writeln!(
+            out,
+            "  turn ends ({} observed agents): {}",
+            self.observed_agents,
+            ends.join(", ")
+        )?;
+        if self.observer_lagged > 0 {
+            writeln!(
+                out,
+                "  note: the observer missed {} notifications; step and steer samples are incomplete",
+                self.observer_lagged
+            )?;
+        }
+        if let Some(dir) = &self.store_dir {
+            writeln!(out, "  store kept in {}", dir.display())?;
+        }
+        Ok(())
+    }
+}
