@@ -410,118 +410,150 @@ pub fn transcript(
     )?;
     let mut calls: HashMap<String, String> = HashMap::new();
     for event in events {
-        match &event.data {
-            EventData::TurnStart(t) => {
-                writeln!(out)?;
-                writeln!(out, "{}", style.bold(&format!("── turn {} ──", t.turn)))?;
-            }
-            EventData::StepStart(s) if s.step > 1 => {
-                writeln!(out, "{}", style.dim(&format!("   · step {}", s.step)))?;
-            }
-            EventData::UserMessage(m) if is_shown_surface(event) => {
-                let text = message_text(m);
-                let prefix = if m.source.kind() == "user" {
-                    "> ".to_string()
+        transcript_event(event, style, &mut calls, out)?;
+    }
+    Ok(())
+}
+
+/// Writes what one event adds to a transcript; `calls` maps call ids to tool names.
+fn transcript_event(
+    event: &Event,
+    style: Style,
+    calls: &mut HashMap<String, String>,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    match &event.data {
+        EventData::TurnStart(t) => {
+            writeln!(out)?;
+            writeln!(out, "{}", style.bold(&format!("── turn {} ──", t.turn)))?;
+        }
+        EventData::StepStart(s) if s.step > 1 => {
+            writeln!(out, "{}", style.dim(&format!("   · step {}", s.step)))?;
+        }
+        EventData::UserMessage(m) if is_shown_surface(event) => {
+            let text = message_text(m);
+            let prefix = if m.source.kind() == "user" {
+                "> ".to_string()
+            } else {
+                format!("[{}] ", visible(m.source.kind()))
+            };
+            indented(out, &style.cyan(&prefix), &visible(&text))?;
+        }
+        EventData::AssistantMessage(a) if is_shown_surface(event) => {
+            transcript_assistant(a, style, out)?;
+        }
+        EventData::ToolCall(c) => {
+            calls.insert(c.call_id.clone(), c.name.clone());
+            writeln!(
+                out,
+                "{} {}",
+                style.cyan("→"),
+                call_text(&c.name, &c.arguments)
+            )?;
+        }
+        EventData::ToolResult(r) if is_shown_surface(event) => {
+            let name = visible(
+                result_call_id(r)
+                    .and_then(|id| calls.get(id))
+                    .map_or("tool", String::as_str),
+            );
+            transcript_result(r, &name, style, out)?;
+        }
+        EventData::LlmRetry(r) => {
+            let delay_ms = r.delay_ms.as_f64().unwrap_or(0.0);
+            writeln!(
+                out,
+                "{}",
+                style.dim(&format!(
+                    "[retry {} after {:.1} s: {} {}]",
+                    r.retry,
+                    delay_ms / 1000.0,
+                    visible(&r.failure.code),
+                    visible(&r.failure.message)
+                ))
+            )?;
+        }
+        EventData::InboxSpliced(s) if s.outcome.is_some() => {
+            let n = s.removed_count.unwrap_or(0);
+            writeln!(
+                out,
+                "{}",
+                style.dim(&format!(
+                    "[{n} pending input{} discarded]",
+                    if n == 1 { "" } else { "s" }
+                ))
+            )?;
+        }
+        EventData::TurnEnd(end) => {
+            let text = match turn_end_note(&end.reason) {
+                None => format!("── end of turn {}: completed ──", end.turn),
+                Some(note) => format!("── end of turn {}: {note} ──", end.turn),
+            };
+            let shown = match end.reason {
+                TurnEndReason::Error { .. } | TurnEndReason::Interrupted => style.red(&text),
+                _ => style.dim(&text),
+            };
+            writeln!(out, "{shown}")?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The text and reasoning of an assistant message in a transcript.
+fn transcript_assistant(
+    a: &dsh::session::event::AssistantMessageEvent,
+    style: Style,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    for block in &a.message.content {
+        match block {
+            ContentBlock::Reasoning { text } => {
+                let text = visible(text);
+                let shown = if style.color {
+                    style.dim(&text)
                 } else {
-                    format!("[{}] ", visible(m.source.kind()))
-                };
-                indented(out, &style.cyan(&prefix), &visible(&text))?;
-            }
-            EventData::AssistantMessage(a) if is_shown_surface(event) => {
-                for block in &a.message.content {
-                    match block {
-                        ContentBlock::Reasoning { text } => {
-                            let text = visible(text);
-                            let shown = if style.color {
-                                style.dim(&text)
-                            } else {
-                                format!("[thinking] {text}")
-                            };
-                            writeln!(out, "{shown}")?;
-                        }
-                        ContentBlock::Text { text } => writeln!(out, "{}", visible(text))?,
-                        _ => {}
-                    }
-                }
-                if a.interrupted == Some(true) {
-                    writeln!(out, "{}", style.dim("[reply interrupted]"))?;
-                }
-            }
-            EventData::ToolCall(c) => {
-                calls.insert(c.call_id.clone(), c.name.clone());
-                writeln!(
-                    out,
-                    "{} {}",
-                    style.cyan("→"),
-                    call_text(&c.name, &c.arguments)
-                )?;
-            }
-            EventData::ToolResult(r) if is_shown_surface(event) => {
-                let name = visible(
-                    result_call_id(r)
-                        .and_then(|id| calls.get(id))
-                        .map_or("tool", String::as_str),
-                );
-                let (text, is_error) = result_text(r);
-                let head = if is_error {
-                    style.red(&format!("← {name} failed:"))
-                } else {
-                    style.cyan(&format!("← {name}:"))
-                };
-                writeln!(out, "{head}")?;
-                let n_lines = text.lines().count();
-                for line in text.lines().take(RESULT_LINES_SHOWN_MAX) {
-                    writeln!(out, "    {}", visible(line))?;
-                }
-                if n_lines > RESULT_LINES_SHOWN_MAX {
-                    writeln!(
-                        out,
-                        "    {}",
-                        style.dim(&format!(
-                            "… {} more lines",
-                            n_lines - RESULT_LINES_SHOWN_MAX
-                        ))
-                    )?;
-                }
-            }
-            EventData::LlmRetry(r) => {
-                let delay_ms = r.delay_ms.as_f64().unwrap_or(0.0);
-                writeln!(
-                    out,
-                    "{}",
-                    style.dim(&format!(
-                        "[retry {} after {:.1} s: {} {}]",
-                        r.retry,
-                        delay_ms / 1000.0,
-                        visible(&r.failure.code),
-                        visible(&r.failure.message)
-                    ))
-                )?;
-            }
-            EventData::InboxSpliced(s) if s.outcome.is_some() => {
-                let n = s.removed_count.unwrap_or(0);
-                writeln!(
-                    out,
-                    "{}",
-                    style.dim(&format!(
-                        "[{n} pending input{} discarded]",
-                        if n == 1 { "" } else { "s" }
-                    ))
-                )?;
-            }
-            EventData::TurnEnd(end) => {
-                let text = match turn_end_note(&end.reason) {
-                    None => format!("── end of turn {}: completed ──", end.turn),
-                    Some(note) => format!("── end of turn {}: {note} ──", end.turn),
-                };
-                let shown = match end.reason {
-                    TurnEndReason::Error { .. } | TurnEndReason::Interrupted => style.red(&text),
-                    _ => style.dim(&text),
+                    format!("[thinking] {text}")
                 };
                 writeln!(out, "{shown}")?;
             }
+            ContentBlock::Text { text } => writeln!(out, "{}", visible(text))?,
             _ => {}
         }
+    }
+    if a.interrupted == Some(true) {
+        writeln!(out, "{}", style.dim("[reply interrupted]"))?;
+    }
+    Ok(())
+}
+
+/// A tool result in a transcript: its head line, then its first lines.
+fn transcript_result(
+    r: &ToolResultEvent,
+    name: &str,
+    style: Style,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    let (text, is_error) = result_text(r);
+    let head = if is_error {
+        style.red(&format!("← {name} failed:"))
+    } else {
+        style.cyan(&format!("← {name}:"))
+    };
+    writeln!(out, "{head}")?;
+    let n_lines = text.lines().count();
+    for line in text.lines().take(RESULT_LINES_SHOWN_MAX) {
+        writeln!(out, "    {}", visible(line))?;
+    }
+    if n_lines > RESULT_LINES_SHOWN_MAX {
+        writeln!(
+            out,
+            "    {}",
+            style.dim(&format!(
+                "… {} more lines",
+                n_lines - RESULT_LINES_SHOWN_MAX
+            ))
+        )?;
     }
     Ok(())
 }

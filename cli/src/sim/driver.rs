@@ -247,6 +247,8 @@ pub(super) fn spawn_observer(
         .map_err(|e| SimError::Task(format!("observer thread: {e}")))
 }
 
+/// Runs the measured part of a simulation on a started host: creates the agents, drives their
+/// turns, waits until they hibernated, measures the store's ceiling, and assembles the report.
 pub(super) async fn run_agents(
     plan: &Arc<SimPlan>,
     store: &SimStore,
@@ -261,11 +263,75 @@ pub(super) async fn run_agents(
         (plan.agents as u64).saturating_mul(plan.turns_per_agent as u64),
         Ordering::Relaxed,
     );
-
     let steers: SteersInFlight = Arc::new(DashMap::new());
     trim_heap();
     let (rss_before_bytes, _) = memory_status();
     progress.phase("creating agents");
+    let fleet = create_agents(plan, host, &counters).await?;
+    let sample = observe_sample(plan, &fleet.agents, &steers)?;
+
+    progress.phase("turns");
+    let turns = run_turns(plan, store, host, progress, &fleet.agents, &sample, &steers).await;
+    sample.stop.cancel();
+    let observed = tokio::task::spawn_blocking(move || sample.observer.join())
+        .await
+        .map_err(|e| SimError::Task(e.to_string()))?
+        .map_err(|_| SimError::Task("the observer thread panicked".into()))?;
+    if let Some((agent, reason)) = observed.failures.first() {
+        return Err(SimError::AgentFailed {
+            agent: agent.clone(),
+            reason: reason.clone(),
+        });
+    }
+    let turns = turns?;
+
+    progress.phase("hibernating");
+    let memory =
+        measure_memory(plan, &fleet.agents, rss_before_bytes, sample.observer_bytes).await?;
+    let store_ceiling = if plan.ceiling_ms == 0 {
+        None
+    } else {
+        progress.phase("measuring the store ceiling");
+        let event_bytes = mean_event_bytes(&store.shared(), fleet.agents[0].id()).await?;
+        let batch_events = (turns.events as f64 / turns.appends.max(1) as f64)
+            .round()
+            .max(1.0) as usize;
+        Some(
+            store_ceiling(
+                &store.shared(),
+                plan.agents,
+                batch_events,
+                event_bytes,
+                Duration::from_millis(plan.ceiling_ms),
+            )
+            .await?,
+        )
+    };
+    Ok(SimReport::assemble(
+        plan,
+        &fleet,
+        sample.observer_bytes,
+        turns,
+        memory,
+        store_ceiling,
+        observed,
+    ))
+}
+
+/// The agents of a run, and how fast they were created.
+pub(super) struct Fleet {
+    /// Every agent, in index order.
+    pub(super) agents: Vec<AgentHandle>,
+    /// Agents created per second, one after the other.
+    pub(super) created_per_sec: f64,
+}
+
+/// Creates the run's agents one after the other, counting them for the progress line.
+async fn create_agents(
+    plan: &SimPlan,
+    host: &Host,
+    counters: &Counters,
+) -> Result<Fleet, SimError> {
     let created_at = Instant::now();
     let mut agents = Vec::with_capacity(plan.agents);
     let mut config = AgentConfig::new("sim", "sim-1");
@@ -279,17 +345,35 @@ pub(super) async fn run_agents(
         );
         counters.agents_created.fetch_add(1, Ordering::Relaxed);
     }
-    let agents_created_per_sec = per_sec(plan.agents as u64, created_at.elapsed());
+    Ok(Fleet {
+        agents,
+        created_per_sec: per_sec(plan.agents as u64, created_at.elapsed()),
+    })
+}
 
-    // Only a sample of agents is observed: observing costs each observed agent a copy of every
-    // event and a channel send, which would otherwise be measured as the runtime's own cost.
-    let observed: Vec<bool> = {
-        let mut observed = vec![false; plan.agents];
-        for k in 0..plan.observe_agents {
-            observed[k * plan.agents / plan.observe_agents] = true;
-        }
-        observed
-    };
+/// The observed sample of agents and the observer thread reading their subscriptions.
+struct Sample {
+    /// Whether each agent (by index) is observed.
+    observed: Vec<bool>,
+    observer: std::thread::JoinHandle<ObserverTally>,
+    /// Stops the observer once everything buffered is read.
+    stop: CancellationToken,
+    /// Resident memory the subscriptions' buffers took, left out of the per-agent figure.
+    observer_bytes: u64,
+}
+
+/// Subscribes to a sample of agents, spread evenly, and starts the observer. Only a sample is
+/// observed: observing costs each observed agent a copy of every event and a channel send, which
+/// would otherwise be measured as the runtime's own cost.
+fn observe_sample(
+    plan: &SimPlan,
+    agents: &[AgentHandle],
+    steers: &SteersInFlight,
+) -> Result<Sample, SimError> {
+    let mut observed = vec![false; plan.agents];
+    for k in 0..plan.observe_agents {
+        observed[k * plan.agents / plan.observe_agents] = true;
+    }
     let (rss_unobserved_bytes, _) = memory_status();
     let subscriptions: Vec<Subscription> = agents
         .iter()
@@ -302,29 +386,47 @@ pub(super) async fn run_agents(
         (Some(before), Some(after)) => after.saturating_sub(before),
         _ => 0,
     };
-    let stop_observing = CancellationToken::new();
-    let observer = spawn_observer(subscriptions, Arc::clone(&steers), stop_observing.clone())?;
+    let stop = CancellationToken::new();
+    let observer = spawn_observer(subscriptions, Arc::clone(steers), stop.clone())?;
+    Ok(Sample {
+        observed,
+        observer,
+        stop,
+        observer_bytes,
+    })
+}
 
-    progress.phase("turns");
+/// What the turns phase measured.
+pub(super) struct TurnsPhase {
+    /// Wall time of the phase.
+    pub(super) elapsed: Duration,
+    /// Turns the host ran.
+    pub(super) turns: u64,
+    /// Events the host made durable.
+    pub(super) events: u64,
+    /// Appends the store took.
+    pub(super) appends: u64,
+    /// Commit groups the store made (sqlite only).
+    pub(super) store_groups: Option<u64>,
+    /// Each driver's measurements.
+    pub(super) tallies: Vec<DriverTally>,
+}
+
+/// Drives every agent through its turns at once and measures the phase.
+async fn run_turns(
+    plan: &Arc<SimPlan>,
+    store: &SimStore,
+    host: &Host,
+    progress: &Progress,
+    agents: &[AgentHandle],
+    sample: &Sample,
+    steers: &SteersInFlight,
+) -> Result<TurnsPhase, SimError> {
     let appends_before = store.n_appends();
     let groups_before = store.n_groups();
     let turns_before = host.metrics().turns();
     let events_before = host.metrics().events();
-    let metrics_mirror = Arc::clone(&progress.metrics_events);
-    let mirror_stop = CancellationToken::new();
-    let mirror = {
-        let host = host.clone();
-        let stop = mirror_stop.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(100));
-            while !stop.is_cancelled() {
-                tokio::select! {
-                    () = stop.cancelled() => {}
-                    _ = tick.tick() => metrics_mirror.store(host.metrics().events(), Ordering::Relaxed),
-                }
-            }
-        })
-    };
+    let (mirror, mirror_stop) = mirror_metrics(host, progress);
     let started = Instant::now();
     let drivers: Vec<_> = agents
         .iter()
@@ -334,8 +436,8 @@ pub(super) async fn run_agents(
                 agent.clone(),
                 agent_idx,
                 Arc::clone(plan),
-                observed[agent_idx].then(|| Arc::clone(&steers)),
-                Arc::clone(&counters),
+                sample.observed[agent_idx].then(|| Arc::clone(steers)),
+                Arc::clone(&progress.counters),
             ))
         })
         .collect();
@@ -355,112 +457,39 @@ pub(super) async fn run_agents(
     let elapsed = started.elapsed();
     mirror_stop.cancel();
     let _ = mirror.await;
-    let turns = host.metrics().turns() - turns_before;
-    let events = host.metrics().events() - events_before;
-    let appends = store.n_appends().saturating_sub(appends_before);
-    let store_groups = store
-        .n_groups()
-        .zip(groups_before)
-        .map(|(after, before)| after.saturating_sub(before));
-    stop_observing.cancel();
-    let observed = tokio::task::spawn_blocking(move || observer.join())
-        .await
-        .map_err(|e| SimError::Task(e.to_string()))?
-        .map_err(|_| SimError::Task("the observer thread panicked".into()))?;
-    if let Some((agent, reason)) = observed.failures.first() {
-        return Err(SimError::AgentFailed {
-            agent: agent.clone(),
-            reason: reason.clone(),
-        });
-    }
     if let Some(e) = first_error {
         return Err(e);
     }
-
-    progress.phase("hibernating");
-    let hibernated_agents = wait_hibernated(&agents, plan.hibernate_ms).await?;
-    // The run's peak, before the ceiling burst adds its own sessions (all in RAM for `memory`).
-    let (rss_untrimmed_bytes, peak_rss_bytes) = memory_status();
-    trim_heap();
-    let (rss_hibernated_bytes, _) = memory_status();
-    let per_agent = |after: Option<u64>| match (rss_before_bytes, after) {
-        (Some(before), Some(after)) => {
-            Some(after.saturating_sub(before).saturating_sub(observer_bytes) / plan.agents as u64)
-        }
-        _ => None,
-    };
-    let bytes_per_agent = per_agent(rss_hibernated_bytes);
-    let bytes_per_agent_untrimmed = per_agent(rss_untrimmed_bytes);
-
-    let store_ceiling = if plan.ceiling_ms == 0 {
-        None
-    } else {
-        progress.phase("measuring the store ceiling");
-        let event_bytes = mean_event_bytes(&store.shared(), agents[0].id()).await?;
-        let batch_events = (events as f64 / appends.max(1) as f64).round().max(1.0) as usize;
-        Some(
-            store_ceiling(
-                &store.shared(),
-                plan.agents,
-                batch_events,
-                event_bytes,
-                Duration::from_millis(plan.ceiling_ms),
-            )
-            .await?,
-        )
-    };
-
-    let mut ack_ns = Vec::new();
-    let mut cancel_to_idle_ns = Vec::new();
-    let (mut followups, mut steers_sent, mut cancels) = (0, 0, 0);
-    for t in tallies {
-        ack_ns.extend(t.ack_ns);
-        cancel_to_idle_ns.extend(t.cancel_to_idle_ns);
-        followups += t.followups;
-        steers_sent += t.steers;
-        cancels += t.cancels;
-    }
-    let mut observed = observed;
-    let events_per_sec = per_sec(events, elapsed);
-    Ok(SimReport {
-        agents: plan.agents,
-        turns,
-        turns_per_agent: plan.turns_per_agent,
-        duration_ms: elapsed.as_secs_f64() * 1000.0,
-        turns_per_sec: per_sec(turns, elapsed),
-        events,
-        events_per_sec,
-        store: plan.store,
-        store_dir: None,
-        store_appends: appends,
-        store_groups,
-        store_ceiling_ratio: store_ceiling
-            .as_ref()
-            .filter(|c| c.events_per_sec > 0.0)
-            .map(|c| events_per_sec / c.events_per_sec),
-        store_ceiling,
-        agents_created_per_sec,
-        peak_rss_bytes,
-        rss_before_bytes,
-        rss_hibernated_bytes,
-        bytes_per_agent,
-        bytes_per_agent_untrimmed,
-        observer_bytes,
-        hibernated_agents,
-        step_latency_ms: Percentiles::of(&mut observed.step_ns),
-        ack_latency_ms: Percentiles::of(&mut ack_ns),
-        steer_to_claim_ms: Percentiles::of(&mut observed.steer_to_claim_ns),
-        cancel_to_idle_ms: Percentiles::of(&mut cancel_to_idle_ns),
-        followups,
-        steers: steers_sent,
-        steers_claimed: observed.steers_claimed,
-        steers_discarded: observed.steers_discarded,
-        cancels,
-        turns_started_by_followup: observed.turns_started_by_followup,
-        turns_started_by_steer: observed.turns_started_by_steer,
-        turn_ends: observed.turn_ends,
-        observed_agents: plan.observe_agents,
-        observer_lagged: observed.lagged,
-        config: (**plan).clone(),
+    Ok(TurnsPhase {
+        elapsed,
+        turns: host.metrics().turns() - turns_before,
+        events: host.metrics().events() - events_before,
+        appends: store.n_appends().saturating_sub(appends_before),
+        store_groups: store
+            .n_groups()
+            .zip(groups_before)
+            .map(|(after, before)| after.saturating_sub(before)),
+        tallies,
     })
+}
+
+/// Copies the host's durable-event count to the progress line every 100 ms until stopped.
+fn mirror_metrics(
+    host: &Host,
+    progress: &Progress,
+) -> (tokio::task::JoinHandle<()>, CancellationToken) {
+    let metrics_mirror = Arc::clone(&progress.metrics_events);
+    let stop = CancellationToken::new();
+    let host = host.clone();
+    let stopped = stop.clone();
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        while !stopped.is_cancelled() {
+            tokio::select! {
+                () = stopped.cancelled() => {}
+                _ = tick.tick() => metrics_mirror.store(host.metrics().events(), Ordering::Relaxed),
+            }
+        }
+    });
+    (task, stop)
 }

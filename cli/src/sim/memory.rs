@@ -65,3 +65,48 @@ pub(super) async fn wait_hibernated(
     }
     Ok(agents.len() - awake.len())
 }
+
+/// What memory the hibernated agents hold.
+pub(super) struct MemoryPhase {
+    /// Agents that reported `hibernated`.
+    pub(super) hibernated_agents: usize,
+    /// The run's peak resident set size.
+    pub(super) peak_rss_bytes: Option<u64>,
+    /// Resident set size before any agent existed.
+    pub(super) rss_before_bytes: Option<u64>,
+    /// Resident set size once the agents hibernated, after the allocator's trim.
+    pub(super) rss_hibernated_bytes: Option<u64>,
+    /// Resident bytes per hibernated agent after the trim (observer buffers left out).
+    pub(super) bytes_per_agent: Option<u64>,
+    /// The same before the trim.
+    pub(super) bytes_per_agent_untrimmed: Option<u64>,
+}
+
+/// Waits until the agents hibernated and measures what they hold against `rss_before_bytes`, the
+/// resident set size before any agent existed.
+pub(super) async fn measure_memory(
+    plan: &SimPlan,
+    agents: &[AgentHandle],
+    rss_before_bytes: Option<u64>,
+    observer_bytes: u64,
+) -> Result<MemoryPhase, SimError> {
+    let hibernated_agents = wait_hibernated(agents, plan.hibernate_ms).await?;
+    // The run's peak, before the ceiling burst adds its own sessions (all in RAM for `memory`).
+    let (rss_untrimmed_bytes, peak_rss_bytes) = memory_status();
+    trim_heap();
+    let (rss_hibernated_bytes, _) = memory_status();
+    let per_agent = |after: Option<u64>| match (rss_before_bytes, after) {
+        (Some(before), Some(after)) => {
+            Some(after.saturating_sub(before).saturating_sub(observer_bytes) / plan.agents as u64)
+        }
+        _ => None,
+    };
+    Ok(MemoryPhase {
+        hibernated_agents,
+        peak_rss_bytes,
+        rss_before_bytes,
+        rss_hibernated_bytes,
+        bytes_per_agent: per_agent(rss_hibernated_bytes),
+        bytes_per_agent_untrimmed: per_agent(rss_untrimmed_bytes),
+    })
+}

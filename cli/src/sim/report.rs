@@ -121,11 +121,84 @@ pub struct SimReport {
 }
 
 impl SimReport {
+    /// The report of a finished run from what each of its phases measured.
+    pub(super) fn assemble(
+        plan: &SimPlan,
+        fleet: &Fleet,
+        observer_bytes: u64,
+        turns: TurnsPhase,
+        memory: MemoryPhase,
+        store_ceiling: Option<CeilingReport>,
+        mut observed: ObserverTally,
+    ) -> SimReport {
+        let mut ack_ns = Vec::new();
+        let mut cancel_to_idle_ns = Vec::new();
+        let (mut followups, mut steers_sent, mut cancels) = (0, 0, 0);
+        for t in turns.tallies {
+            ack_ns.extend(t.ack_ns);
+            cancel_to_idle_ns.extend(t.cancel_to_idle_ns);
+            followups += t.followups;
+            steers_sent += t.steers;
+            cancels += t.cancels;
+        }
+        let elapsed = turns.elapsed;
+        let events_per_sec = per_sec(turns.events, elapsed);
+        SimReport {
+            agents: plan.agents,
+            turns: turns.turns,
+            turns_per_agent: plan.turns_per_agent,
+            duration_ms: elapsed.as_secs_f64() * 1000.0,
+            turns_per_sec: per_sec(turns.turns, elapsed),
+            events: turns.events,
+            events_per_sec,
+            store: plan.store,
+            store_dir: None,
+            store_appends: turns.appends,
+            store_groups: turns.store_groups,
+            store_ceiling_ratio: store_ceiling
+                .as_ref()
+                .filter(|c| c.events_per_sec > 0.0)
+                .map(|c| events_per_sec / c.events_per_sec),
+            store_ceiling,
+            agents_created_per_sec: fleet.created_per_sec,
+            peak_rss_bytes: memory.peak_rss_bytes,
+            rss_before_bytes: memory.rss_before_bytes,
+            rss_hibernated_bytes: memory.rss_hibernated_bytes,
+            bytes_per_agent: memory.bytes_per_agent,
+            bytes_per_agent_untrimmed: memory.bytes_per_agent_untrimmed,
+            observer_bytes,
+            hibernated_agents: memory.hibernated_agents,
+            step_latency_ms: Percentiles::of(&mut observed.step_ns),
+            ack_latency_ms: Percentiles::of(&mut ack_ns),
+            steer_to_claim_ms: Percentiles::of(&mut observed.steer_to_claim_ns),
+            cancel_to_idle_ms: Percentiles::of(&mut cancel_to_idle_ns),
+            followups,
+            steers: steers_sent,
+            steers_claimed: observed.steers_claimed,
+            steers_discarded: observed.steers_discarded,
+            cancels,
+            turns_started_by_followup: observed.turns_started_by_followup,
+            turns_started_by_steer: observed.turns_started_by_steer,
+            turn_ends: observed.turn_ends,
+            observed_agents: plan.observe_agents,
+            observer_lagged: observed.lagged,
+            config: plan.clone(),
+        }
+    }
+
     /// The human-readable report.
     ///
     /// # Errors
     /// When `out` cannot be written.
     pub fn render(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        self.render_header(out)?;
+        self.render_throughput(out)?;
+        self.render_latencies(out)?;
+        self.render_memory_and_inputs(out)
+    }
+
+    /// The run's settings, on one line.
+    fn render_header(&self, out: &mut dyn Write) -> std::io::Result<()> {
         let c = &self.config;
         writeln!(
             out,
@@ -145,7 +218,11 @@ impl SimReport {
             c.steer_rate,
             c.cancel_rate,
             c.seed,
-        )?;
+        )
+    }
+
+    /// Turns, durable events against the store's ceiling, appends and agent creation.
+    fn render_throughput(&self, out: &mut dyn Write) -> std::io::Result<()> {
         writeln!(
             out,
             "  turns           {:>10} in {:.3} s   {:>12.0} turns/s",
@@ -181,7 +258,11 @@ impl SimReport {
             out,
             "  agents created  {:>10.0} /s",
             self.agents_created_per_sec
-        )?;
+        )
+    }
+
+    /// The latency table.
+    fn render_latencies(&self, out: &mut dyn Write) -> std::io::Result<()> {
         writeln!(
             out,
             "  latency (ms)              p50        p99        max          n"
@@ -202,6 +283,11 @@ impl SimReport {
                 p.n
             )?;
         }
+        Ok(())
+    }
+
+    /// Memory, inputs, turn endings and notes.
+    fn render_memory_and_inputs(&self, out: &mut dyn Write) -> std::io::Result<()> {
         let mib = |b: Option<u64>| {
             b.map_or_else(
                 || "unknown".to_string(),
