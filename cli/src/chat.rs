@@ -254,43 +254,7 @@ async fn converse(
                 }
             },
             obs = sub.next() => {
-                let check = match obs {
-                    None => return Err(CliError::Failed("the agent stopped".into())),
-                    Some(Observation::Lagged(n)) => {
-                        screen.note(&format!("[display fell behind: {n} events not shown; `dsh show` has them all]"));
-                        true
-                    }
-                    Some(Observation::Item(Observed::Event { event, .. })) => {
-                        screen.event(&event);
-                        turn.last_seq = Some(event.seq);
-                        turn.reported_idle || matches!(event.data, EventData::TurnEnd(_))
-                    }
-                    Some(Observation::Item(Observed::Live { event: LiveEvent::Status(s), .. })) => {
-                        turn.reported_idle = s == Status::Idle;
-                        turn.reported_idle
-                    }
-                    Some(Observation::Item(Observed::Live { .. })) => false,
-                    Some(Observation::Item(Observed::Failed { reason, .. })) => {
-                        return Err(CliError::Failed(format!("the agent failed: {reason}")));
-                    }
-                    Some(Observation::Item(Observed::Restarted { .. })) => {
-                        screen.note("[the agent crashed and was restarted from its log]");
-                        true
-                    }
-                };
-                if turn.working && check && turn.idle_through.is_none() {
-                    let status = agent
-                        .handle
-                        .status()
-                        .await
-                        .map_err(|e| CliError::Failed(e.to_string()))?;
-                    if status.idle {
-                        turn.idle_through = Some(status.next_seq);
-                    }
-                }
-                if turn.is_done() {
-                    turn.working = false;
-                    turn.idle_through = None;
+                if on_observation(agent, screen, &mut turn, obs).await? {
                     if eof {
                         return Ok(());
                     }
@@ -310,6 +274,61 @@ async fn converse(
             }
         }
     }
+}
+
+/// Shows what the subscription delivered and tracks the turn's progress. Returns whether the work
+/// this command sent is now done (idle, with all of its output shown).
+async fn on_observation(
+    agent: &LiveAgent,
+    screen: &mut Screen,
+    turn: &mut Progress,
+    obs: Option<Observation>,
+) -> Result<bool, CliError> {
+    let check = match obs {
+        None => return Err(CliError::Failed("the agent stopped".into())),
+        Some(Observation::Lagged(n)) => {
+            screen.note(&format!(
+                "[display fell behind: {n} events not shown; `dsh show` has them all]"
+            ));
+            true
+        }
+        Some(Observation::Item(Observed::Event { event, .. })) => {
+            screen.event(&event);
+            turn.last_seq = Some(event.seq);
+            turn.reported_idle || matches!(event.data, EventData::TurnEnd(_))
+        }
+        Some(Observation::Item(Observed::Live {
+            event: LiveEvent::Status(s),
+            ..
+        })) => {
+            turn.reported_idle = s == Status::Idle;
+            turn.reported_idle
+        }
+        Some(Observation::Item(Observed::Live { .. })) => false,
+        Some(Observation::Item(Observed::Failed { reason, .. })) => {
+            return Err(CliError::Failed(format!("the agent failed: {reason}")));
+        }
+        Some(Observation::Item(Observed::Restarted { .. })) => {
+            screen.note("[the agent crashed and was restarted from its log]");
+            true
+        }
+    };
+    if turn.working && check && turn.idle_through.is_none() {
+        let status = agent
+            .handle
+            .status()
+            .await
+            .map_err(|e| CliError::Failed(e.to_string()))?;
+        if status.idle {
+            turn.idle_through = Some(status.next_seq);
+        }
+    }
+    if turn.is_done() {
+        turn.working = false;
+        turn.idle_through = None;
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// Whether the agent is working on what this command sent, and how far its output was shown.

@@ -209,16 +209,7 @@ fn read_file(path: &Path, explicit: bool) -> Result<FileConfig, CliError> {
 
 /// Parses the text of a configuration file; relative paths are taken relative to `base`.
 fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
-    let table: toml::Table = toml::from_str(text).map_err(|e| {
-        let message = one_line(e.message());
-        match e.span() {
-            Some(span) => {
-                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-                format!("line {line}: {message}")
-            }
-            None => message,
-        }
-    })?;
+    let table = parse_toml(text)?;
     let mut out = FileConfig::default();
     for (key, value) in table {
         let bad = |expected: &str, value: &toml::Value| {
@@ -290,19 +281,7 @@ fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
                 if !value.is_table() {
                     return Err(bad("a table", &value));
                 }
-                let openai: OpenAiTimeouts = table_of("openai", value)?;
-                for (name, ms) in [
-                    ("connect_timeout_ms", openai.connect_timeout_ms),
-                    ("idle_timeout_ms", openai.idle_timeout_ms),
-                ] {
-                    if let Some(ms) = ms
-                        && (ms == 0 || ms > TIMEOUT_MS_MAX)
-                    {
-                        return Err(format!(
-                            "key `openai.{name}`: {ms} is out of range 1..={TIMEOUT_MS_MAX}"
-                        ));
-                    }
-                }
+                let openai = read_openai(value)?;
                 out.openai = Some(openai);
             }
             other => {
@@ -315,6 +294,38 @@ fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
         }
     }
     Ok(out)
+}
+
+/// Parses the text of a configuration file as a TOML table; a syntax error names its line.
+fn parse_toml(text: &str) -> Result<toml::Table, String> {
+    toml::from_str(text).map_err(|e: toml::de::Error| {
+        let message = one_line(e.message());
+        match e.span() {
+            Some(span) => {
+                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                format!("line {line}: {message}")
+            }
+            None => message,
+        }
+    })
+}
+
+/// Reads the `[openai]` table: its timeouts, each within `1..=TIMEOUT_MS_MAX`.
+fn read_openai(value: toml::Value) -> Result<OpenAiTimeouts, String> {
+    let openai: OpenAiTimeouts = table_of("openai", value)?;
+    for (name, ms) in [
+        ("connect_timeout_ms", openai.connect_timeout_ms),
+        ("idle_timeout_ms", openai.idle_timeout_ms),
+    ] {
+        if let Some(ms) = ms
+            && (ms == 0 || ms > TIMEOUT_MS_MAX)
+        {
+            return Err(format!(
+                "key `openai.{name}`: {ms} is out of range 1..={TIMEOUT_MS_MAX}"
+            ));
+        }
+    }
+    Ok(openai)
 }
 
 /// Reads table `name` as a `T`. A bad entry is named by its dotted key (`sim.seed`) with serde's
