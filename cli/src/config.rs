@@ -37,10 +37,18 @@ use crate::text::echo;
 /// Why a command failed. Printed as one line; `exit_code` picks the status.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
+    /// A bad invocation: flag, argument or environment (exit 64).
     #[error("{0}")]
     Usage(String),
+    /// A configuration file that cannot be read or is malformed (exit 64).
     #[error("config {path}: {reason}")]
-    Config { path: PathBuf, reason: String },
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, naming the key.
+        reason: String,
+    },
+    /// Anything else that failed (exit 1).
     #[error("{0}")]
     Failed(String),
     /// The reader of stdout went away (`dsh show ID | head`): not a failure, nothing to print.
@@ -49,6 +57,8 @@ pub enum CliError {
 }
 
 impl CliError {
+    /// The exit status for this error: 64 for usage and configuration, 1 for a failure, 0 for a
+    /// closed output.
     pub fn exit_code(&self) -> ExitCode {
         match self {
             CliError::Usage(_) | CliError::Config { .. } => ExitCode::from(64),
@@ -77,17 +87,22 @@ pub const CONFIG_FILE_NAME: &str = "dsh.toml";
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OpenAiTimeouts {
+    /// `connect_timeout_ms`: bound on establishing a connection.
     pub connect_timeout_ms: Option<u64>,
+    /// `idle_timeout_ms`: bound on each wait for the server.
     pub idle_timeout_ms: Option<u64>,
 }
 
 /// The resolved configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Where the store lives.
     pub data_dir: PathBuf,
     /// `None`: the default, `openai`. Invariant: when set, one of `PROVIDERS`.
     pub provider: Option<String>,
+    /// The OpenAI-compatible endpoint, when configured.
     pub base_url: Option<String>,
+    /// The model id, when configured.
     pub model: Option<String>,
     /// Output cap per request from `dsh.toml` (a `--max-tokens` flag overrides it).
     pub max_tokens: Option<u64>,
@@ -97,6 +112,7 @@ pub struct Config {
     pub shell: bool,
     /// The simulated model; validated.
     pub sim: SimConfig,
+    /// The `openai` provider's timeouts.
     pub openai: OpenAiTimeouts,
     /// `retry_timeout_ms` in `dsh.toml`: bound on one request's retry sequence (a
     /// `--retry-timeout-ms` flag overrides it; unset: `DEFAULT_SEQUENCE_MS_MAX`).

@@ -38,8 +38,10 @@ pub use config::{CliError, Config};
 #[derive(Debug, Parser)]
 #[command(name = "dsh", version, max_term_width = 100)]
 pub struct Cli {
+    /// Flags every subcommand accepts.
     #[command(flatten)]
     pub global: GlobalArgs,
+    /// The subcommand to run.
     #[command(subcommand)]
     pub command: Command,
 }
@@ -64,6 +66,7 @@ pub struct GlobalArgs {
     pub config: Option<PathBuf>,
 }
 
+/// The subcommands of `dsh`.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Host N agents against the simulated model and report throughput, latency and memory.
@@ -86,6 +89,7 @@ pub enum Command {
     Scenario(ScenarioArgs),
 }
 
+/// Flags of `dsh sim`.
 #[derive(Debug, Clone, Args)]
 pub struct SimArgs {
     /// Number of agents.
@@ -143,6 +147,7 @@ pub struct SimArgs {
     pub ramp_ms: u64,
 }
 
+/// Flags of `dsh chat`.
 #[derive(Debug, Clone, Args)]
 pub struct ChatArgs {
     /// Continue this session, or create it under this id.
@@ -166,6 +171,7 @@ pub struct ChatArgs {
     pub retry_timeout_ms: Option<u64>,
 }
 
+/// The prompt and flags of `dsh run`.
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// The prompt.
@@ -191,6 +197,7 @@ pub struct RunArgs {
     pub retry_timeout_ms: Option<u64>,
 }
 
+/// Flags of `dsh sessions`.
 #[derive(Debug, Clone, Args)]
 pub struct SessionsArgs {
     /// Print JSON lines instead of a table.
@@ -198,6 +205,7 @@ pub struct SessionsArgs {
     pub json: bool,
 }
 
+/// The target and flags of `dsh show`.
 #[derive(Debug, Clone, Args)]
 pub struct ShowArgs {
     /// A session id, or a file of DSH v0 JSON lines.
@@ -207,12 +215,14 @@ pub struct ShowArgs {
     pub raw: bool,
 }
 
+/// The target of `dsh check`.
 #[derive(Debug, Clone, Args)]
 pub struct CheckArgs {
     /// A session id, or a file of DSH v0 JSON lines.
     pub target: String,
 }
 
+/// The session and flags of `dsh export`.
 #[derive(Debug, Clone, Args)]
 pub struct ExportArgs {
     /// The session id.
@@ -222,6 +232,7 @@ pub struct ExportArgs {
     pub output: Option<PathBuf>,
 }
 
+/// The file and flags of `dsh import`.
 #[derive(Debug, Clone, Args)]
 pub struct ImportArgs {
     /// A file of DSH v0 JSON lines.
@@ -231,12 +242,15 @@ pub struct ImportArgs {
     pub id: Option<String>,
 }
 
+/// `dsh scenario` and its subcommand.
 #[derive(Debug, Clone, Args)]
 pub struct ScenarioArgs {
+    /// The scenario subcommand.
     #[command(subcommand)]
     pub command: ScenarioCommand,
 }
 
+/// The subcommands of `dsh scenario`.
 #[derive(Debug, Clone, Subcommand)]
 pub enum ScenarioCommand {
     /// Run scenario files and print each resulting log as JSON lines (time fixed to 0).

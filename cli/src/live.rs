@@ -49,18 +49,23 @@ pub struct AgentOptions {
 
 /// A running host with the one agent the command drives.
 pub struct LiveAgent {
+    /// The host running the agent.
     pub host: Host,
+    /// The agent.
     pub handle: AgentHandle,
     /// The script provider's gates (`/open` in chat), when the script provider is in use.
     pub gates: Option<Gates>,
     /// Whether the session id was minted by this command (then it is printed).
     pub minted: bool,
+    /// The provider's route name.
     pub provider: String,
+    /// The model id in use.
     pub model: String,
     store: Arc<SqliteStore>,
 }
 
 impl LiveAgent {
+    /// The agent's session id.
     pub fn id(&self) -> &SessionId {
         self.handle.id()
     }

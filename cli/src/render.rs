@@ -34,6 +34,7 @@ const RESULT_LINES_SHOWN_MAX: usize = 20;
 /// Whether to use ANSI styling.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Style {
+    /// Whether ANSI styling is used.
     pub color: bool,
 }
 
@@ -54,18 +55,22 @@ impl Style {
         }
     }
 
+    /// `s` dimmed.
     pub fn dim(&self, s: &str) -> String {
         self.wrap("2", s)
     }
 
+    /// `s` in bold.
     pub fn bold(&self, s: &str) -> String {
         self.wrap("1", s)
     }
 
+    /// `s` in red (failures).
     pub fn red(&self, s: &str) -> String {
         self.wrap("31", s)
     }
 
+    /// `s` in cyan (tool lines, prompts).
     pub fn cyan(&self, s: &str) -> String {
         self.wrap("36", s)
     }
@@ -218,6 +223,7 @@ pub struct Live {
 }
 
 impl Live {
+    /// A renderer at the start of a line.
     pub fn new(style: Style) -> Live {
         Live {
             style,

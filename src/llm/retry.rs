@@ -36,37 +36,82 @@ const SAFE_INTEGER_MAX: u64 = (1 << 53) - 1;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RetryPolicyError {
+    /// The policy, or its `backoff`, is not a JSON object.
     #[error("retry policy {what} must be a JSON object, got {shown}")]
-    NotAnObject { what: &'static str, shown: String },
+    NotAnObject {
+        /// Which part: `configuration` or `backoff`.
+        what: &'static str,
+        /// The value as given (shortened).
+        shown: String,
+    },
+    /// A key the policy format does not have.
     #[error("retry policy {what} has unknown key {key:?}")]
-    UnknownKey { what: &'static str, key: String },
+    UnknownKey {
+        /// Which part: `configuration` or `backoff`.
+        what: &'static str,
+        /// The unknown key.
+        key: String,
+    },
+    /// `mode` is neither `normal` nor `always`.
     #[error("retry policy mode must be \"normal\" or \"always\", got {shown}")]
-    BadMode { shown: String },
+    BadMode {
+        /// The value as given.
+        shown: String,
+    },
+    /// `maxRetries` is not a non-negative safe integer.
     #[error("retry policy maxRetries must be a non-negative safe integer, got {shown}")]
-    BadMaxRetries { shown: String },
+    BadMaxRetries {
+        /// The value as given.
+        shown: String,
+    },
+    /// `retryableCodes` is not a non-empty array.
     #[error("retry policy retryableCodes must be a non-empty array of strings, got {shown}")]
-    BadCodes { shown: String },
+    BadCodes {
+        /// The value as given.
+        shown: String,
+    },
+    /// One entry of `retryableCodes` is not a non-empty string.
     #[error("retry policy retryableCodes[{code_idx}] must be a non-empty string, got {shown}")]
-    BadCode { code_idx: usize, shown: String },
+    BadCode {
+        /// The entry's index.
+        code_idx: usize,
+        /// The entry as given.
+        shown: String,
+    },
+    /// `retryableCodes` lists a code twice.
     #[error("retry policy retryableCodes lists {code:?} twice")]
-    DuplicateCode { code: String },
+    DuplicateCode {
+        /// The repeated code.
+        code: String,
+    },
     #[error(
         "retry policy backoff.{field} must be a positive integer of at most {delay_ms_max} ms, got {shown}"
     )]
+    /// A backoff delay is not a positive integer within `DELAY_MS_MAX`.
     BadDelay {
+        /// `initialDelayMs` or `maxDelayMs`.
         field: &'static str,
+        /// The value as given.
         shown: String,
+        /// The largest delay allowed.
         delay_ms_max: u64,
     },
     #[error(
         "retry policy backoff.initialDelayMs {initial_delay_ms} exceeds backoff.maxDelayMs {max_delay_ms}"
     )]
+    /// The initial delay is above the cap.
     InitialAboveMax {
+        /// `backoff.initialDelayMs`.
         initial_delay_ms: u64,
+        /// `backoff.maxDelayMs`.
         max_delay_ms: u64,
     },
+    /// `backoff.jitterRatio` is not a number in [0, 1].
     #[error("retry policy backoff.jitterRatio must be a number in [0, 1], got {shown}")]
-    BadJitter { shown: String },
+    BadJitter {
+        /// The value as given.
+        shown: String,
+    },
 }
 
 /// Which failures are retried, and how often.
@@ -75,6 +120,7 @@ pub enum RetryMode {
     /// Retry failures whose code is in `retryable_codes`, at most `max_retries` times per chain, and
     /// honour a provider's retry-after only when it fits under `max_delay_ms`.
     Normal {
+        /// Retries per chain at most.
         max_retries: u64,
         /// In configured order; the policy key sorts them.
         retryable_codes: Vec<String>,
@@ -121,7 +167,9 @@ impl Default for Backoff {
 /// delays).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RetryPolicy {
+    /// Which failures are retried, and how often.
     pub mode: RetryMode,
+    /// How long each retry waits.
     pub backoff: Backoff,
 }
 
@@ -159,8 +207,11 @@ pub enum RetryDecision {
     /// Retry number `retry` (1-based within its chain) after `delay_ms`. `retry_id` is the chain's id
     /// when the chain already exists, `None` for a new chain (the caller mints one).
     Schedule {
+        /// The retry's number within its chain, from 1.
         retry: u64,
+        /// The chain's id, `None` for a new chain.
         retry_id: Option<String>,
+        /// The wait before the retry, in milliseconds.
         delay_ms: f64,
     },
 }

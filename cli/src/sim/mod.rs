@@ -110,37 +110,88 @@ const TOOL_NAME: &str = "wait";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SimError {
+    /// `--agents` out of range.
     #[error("--agents is {agents}, it must be within 1..={agents_max}")]
-    Agents { agents: usize, agents_max: usize },
+    Agents {
+        /// The value given.
+        agents: usize,
+        /// The largest allowed.
+        agents_max: usize,
+    },
+    /// `--turns` out of range.
     #[error("--turns is {turns}, it must be within 1..={turns_max}")]
-    Turns { turns: usize, turns_max: usize },
+    Turns {
+        /// The value given.
+        turns: usize,
+        /// The largest allowed.
+        turns_max: usize,
+    },
+    /// A probability flag outside [0, 1].
     #[error("--{flag} is {value}, it must be within 0..=1")]
-    Rate { flag: &'static str, value: f64 },
+    Rate {
+        /// The flag's name.
+        flag: &'static str,
+        /// The value given.
+        value: f64,
+    },
     #[error("--reply-tokens is {reply_tokens}, it must be within 1..={reply_tokens_max}")]
+    /// `--reply-tokens` out of range.
     ReplyTokens {
+        /// The value given.
         reply_tokens: u64,
+        /// The largest allowed.
         reply_tokens_max: u32,
     },
     #[error("--{flag} is {value_ms} ms, the limit is {value_ms_max} ms")]
+    /// A duration flag over its limit.
     Duration {
+        /// The flag's name.
         flag: &'static str,
+        /// The value given.
         value_ms: u64,
+        /// The largest allowed.
         value_ms_max: u64,
     },
+    /// `--store` names no store.
     #[error("--store is {store:?}; it must be sqlite or memory")]
-    Store { store: String },
+    Store {
+        /// The value given.
+        store: String,
+    },
+    /// The simulated model refused its configuration.
     #[error("simulated model: {0}")]
     Model(#[from] dsh::llm::sim::SimError),
+    /// The store failed.
     #[error("session store: {0}")]
     StoreFailed(#[from] StoreError),
+    /// The host failed to start or to open an agent.
     #[error("host: {0}")]
     Host(#[from] HostError),
+    /// An agent refused input.
     #[error("agent {agent_idx}: {error}")]
-    Input { agent_idx: usize, error: InputError },
+    Input {
+        /// The agent's index.
+        agent_idx: usize,
+        /// Why it refused.
+        error: InputError,
+    },
+    /// An agent failed.
     #[error("agent {agent}: {reason}")]
-    AgentFailed { agent: String, reason: String },
+    AgentFailed {
+        /// The agent's id.
+        agent: String,
+        /// Why it failed.
+        reason: String,
+    },
+    /// The run's directory could not be made.
     #[error("{path}: {cause}")]
-    Io { path: PathBuf, cause: String },
+    Io {
+        /// The directory.
+        path: PathBuf,
+        /// The operating system's reason.
+        cause: String,
+    },
+    /// A task of the run panicked or failed.
     #[error("a simulation task failed: {0}")]
     Task(String),
 }

@@ -6,7 +6,9 @@ use super::*;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreChoice {
+    /// SQLite in a fresh directory under the data directory.
     Sqlite,
+    /// In memory.
     Memory,
 }
 
@@ -25,19 +27,33 @@ impl StoreChoice {
 /// The checked flags of one run.
 #[derive(Clone, Debug, Serialize)]
 pub struct SimPlan {
+    /// Agents hosted (`--agents`).
     pub agents: usize,
+    /// Turns each agent runs (`--turns`).
     pub turns_per_agent: usize,
+    /// The store (`--store`).
     pub store: StoreChoice,
+    /// Model time to first token (`--latency-ms`).
     pub latency_ms: u64,
+    /// Model pace, 0 unpaced (`--tokens-per-sec`).
     pub tokens_per_sec: u64,
+    /// Reply length in tokens (`--reply-tokens`).
     pub reply_tokens: u32,
+    /// Probability that a step calls the tool (`--tool-rate`).
     pub tool_rate: f64,
+    /// Tool duration (`--tool-ms`).
     pub tool_ms: u64,
+    /// Probability that a turn gets a steer (`--steer-rate`).
     pub steer_rate: f64,
+    /// Probability that a turn is cancelled (`--cancel-rate`).
     pub cancel_rate: f64,
+    /// Seed of the model and the injections (`--seed`).
     pub seed: u64,
+    /// Idle time before an agent hibernates (`--hibernate-ms`).
     pub hibernate_ms: u64,
+    /// How long the store ceiling is measured, 0 to skip (`--ceiling-ms`).
     pub ceiling_ms: u64,
+    /// Keep the run's sqlite store (`--keep-store`).
     pub keep_store: bool,
     /// Agents whose events are observed for the step and steer latencies (at most `agents`).
     pub observe_agents: usize,

@@ -6,8 +6,11 @@ use super::*;
 /// p50, p99 and max of one latency, in milliseconds; `null` when nothing was measured.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Percentiles {
+    /// The median, in ms.
     pub p50: Option<f64>,
+    /// The 99th percentile, in ms.
     pub p99: Option<f64>,
+    /// The largest sample, in ms.
     pub max: Option<f64>,
     /// How many samples were taken.
     pub n: u64,
@@ -46,32 +49,42 @@ pub(super) fn ns(d: Duration) -> u64 {
 /// The store's own group-commit ceiling, measured in the same run.
 #[derive(Clone, Debug, Serialize)]
 pub struct CeilingReport {
+    /// Durable events per second the store took.
     pub events_per_sec: f64,
+    /// Concurrent appenders (one per agent of the run).
     pub appenders: usize,
+    /// Events appended during the measurement.
     pub events: u64,
     /// Events per append (the run's mean, rounded, at least 1).
     pub batch_events: usize,
     /// Bytes of one event's JSON (the run's mean).
     pub event_bytes: usize,
+    /// How long the measurement ran.
     pub duration_ms: f64,
 }
 
 /// Everything `dsh sim` reports. `--json` prints it as one object (SPEC §10 names the required keys).
 #[derive(Clone, Debug, Serialize)]
 pub struct SimReport {
+    /// Agents hosted.
     pub agents: usize,
     /// Turns that ended, over all agents (`host.metrics()`).
     pub turns: u64,
+    /// Turns each agent was driven through.
     pub turns_per_agent: usize,
     /// From the first input sent to the last agent idle.
     pub duration_ms: f64,
+    /// `turns` per second of `duration_ms`.
     pub turns_per_sec: f64,
     /// Events acknowledged durable by the store during the run.
     pub events: u64,
+    /// `events` per second of `duration_ms`.
     pub events_per_sec: f64,
+    /// The store used.
     pub store: StoreChoice,
     /// Where the sqlite store is, when `--keep-store` kept it.
     pub store_dir: Option<PathBuf>,
+    /// The store's own ceiling, when measured.
     pub store_ceiling: Option<CeilingReport>,
     /// Appends the runtime made during the run (each one batch of one agent's events).
     pub store_appends: u64,
@@ -79,6 +92,7 @@ pub struct SimReport {
     pub store_groups: Option<u64>,
     /// `events_per_sec` / `store_ceiling.events_per_sec`.
     pub store_ceiling_ratio: Option<f64>,
+    /// Agents created per second, one after the other.
     pub agents_created_per_sec: f64,
     /// `VmHWM` once the agents hibernated: the most resident memory the process had during the run
     /// (before the store-ceiling burst).
@@ -95,21 +109,30 @@ pub struct SimReport {
     pub bytes_per_agent_untrimmed: Option<u64>,
     /// `VmRSS` growth while the observed agents were subscribed (their subscription buffers).
     pub observer_bytes: u64,
+    /// Agents that hibernated before the memory was read.
     pub hibernated_agents: usize,
+    /// From `step/start` to `step/end` on the observed agents.
     pub step_latency_ms: Percentiles,
+    /// A followup or steer call, until the input was durable.
     pub ack_latency_ms: Percentiles,
+    /// From a steer to its claim at a step boundary, on the observed agents.
     pub steer_to_claim_ms: Percentiles,
+    /// From a cancel until the agent was idle.
     pub cancel_to_idle_ms: Percentiles,
+    /// Followups sent.
     pub followups: u64,
+    /// Steers sent.
     pub steers: u64,
     /// Steers of the observed agents claimed at a step boundary.
     pub steers_claimed: u64,
     /// Steers of the observed agents a cancel discarded before a step boundary claimed them.
     pub steers_discarded: u64,
+    /// Cancels sent.
     pub cancels: u64,
     /// Turns of the observed agents whose first claimed message was a followup, or a steer (a
     /// steer that arrived after the turn it chased had ended starts a turn of its own).
     pub turns_started_by_followup: u64,
+    /// See `turns_started_by_followup`.
     pub turns_started_by_steer: u64,
     /// `turn/end` reasons of the observed agents, by kind.
     pub turn_ends: BTreeMap<String, u64>,
@@ -117,6 +140,7 @@ pub struct SimReport {
     pub observed_agents: usize,
     /// Observations the host-wide observer missed (its samples are then incomplete).
     pub observer_lagged: u64,
+    /// The flags of the run.
     pub config: SimPlan,
 }
 

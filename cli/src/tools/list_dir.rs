@@ -28,6 +28,7 @@ pub struct ListDirTool {
 }
 
 impl ListDirTool {
+    /// The tool over `root`.
     pub fn new(root: Arc<Root>) -> ListDirTool {
         ListDirTool { root }
     }

@@ -34,7 +34,13 @@ pub use shell::{ShellConfig, ShellTool};
 #[non_exhaustive]
 pub enum ToolsError {
     #[error("cannot open the working directory {path}: {cause}")]
-    Root { path: PathBuf, cause: String },
+    /// The working directory could not be opened.
+    Root {
+        /// The directory.
+        path: PathBuf,
+        /// The operating system's reason.
+        cause: String,
+    },
 }
 
 /// The working directory as the file tools see it: a capability handle plus the root's canonical

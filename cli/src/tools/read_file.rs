@@ -36,6 +36,7 @@ pub struct ReadFileTool {
 }
 
 impl ReadFileTool {
+    /// The tool over `root`.
     pub fn new(root: Arc<Root>) -> ReadFileTool {
         ReadFileTool { root }
     }

@@ -62,6 +62,7 @@ pub struct ShellTool {
 }
 
 impl ShellTool {
+    /// The tool, running commands in `cwd`.
     pub fn new(cwd: PathBuf, config: ShellConfig) -> ShellTool {
         ShellTool { cwd, config }
     }
