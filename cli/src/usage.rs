@@ -70,8 +70,9 @@ fn command_path(e: &clap::Error, args: &[String]) -> String {
         .split_whitespace()
         .take_while(|w| !w.starts_with(['[', '<', '-']))
         .collect();
-    if words.len() > 1 && words[0] == "dsh" {
-        return words.join(" ");
+    // The first word is the program as invoked; the rest name the subcommand.
+    if words.len() > 1 {
+        return format!("dsh {}", words[1..].join(" "));
     }
     let command = <crate::Cli as clap::CommandFactory>::command();
     args.iter()
