@@ -1238,21 +1238,62 @@ fn reading_commands_work_while_a_chat_holds_the_store() {
 // ---------------------------------------------------------------------------------------------
 // hostile use (issue 10)
 
-/// Hang guard for a child that must end by itself: waits for it, and kills it and fails the test
-/// if it has not ended after a minute (the bug this guards against is a process that never exits).
-fn wait_bounded(mut child: std::process::Child, what: &str) -> Run {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return Run::from(child.wait_with_output().expect("collect the output"));
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("collect the output");
-            panic!("{what}: still running after 60 s: {:#?}", Run::from(out));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+/// How long a hang guard waits before it acts: far beyond any healthy run.
+const HANG_GUARD: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A hang guard: runs `on_hang` if it is not disarmed within `HANG_GUARD`. The test itself waits
+/// on the process or file it cares about; the guard only turns a hang into a failure.
+struct Watchdog {
+    disarm: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<bool>,
+}
+
+impl Watchdog {
+    fn arm(on_hang: impl FnOnce() + Send + 'static) -> Watchdog {
+        let (disarm, disarmed) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let fired = matches!(
+                disarmed.recv_timeout(HANG_GUARD),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+            );
+            if fired {
+                on_hang();
+            }
+            fired
+        });
+        Watchdog { disarm, thread }
     }
+
+    /// Stops the guard; whether it had fired.
+    fn disarm(self) -> bool {
+        let _ = self.disarm.send(());
+        self.thread.join().expect("the watchdog thread")
+    }
+}
+
+/// Sends SIGKILL to `pid`.
+fn kill_pid(pid: u32) {
+    if let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+    }
+}
+
+/// Waits for a child that must end by itself; a hang guard kills it and fails the test if it has
+/// not ended (the bug this guards against is a process that never exits).
+fn wait_bounded(child: std::process::Child, what: &str) -> Run {
+    let pid = child.id();
+    let guard = Watchdog::arm(move || kill_pid(pid));
+    let out = child.wait_with_output().expect("collect the output");
+    let hung = guard.disarm();
+    let run = Run::from(out);
+    assert!(
+        !hung,
+        "{what}: still running after {HANG_GUARD:?}, killed: {run:#?}"
+    );
+    run
 }
 
 /// A `dsh` invocation with piped output, hang-guarded.
@@ -1645,7 +1686,9 @@ fn shell_commands_die_with_dsh() {
     // Orphans of this test process are re-parented to it, so it can wait for them.
     rustix::process::set_child_subreaper(Some(rustix::process::getpid())).expect("subreaper");
     let sb = Sandbox::new();
-    // Only builtins before `sleep`, so the group holds exactly `sh` and `sleep` when dsh dies.
+    let pid_fifo = sb.path().join("pid");
+    mkfifo(&pid_fifo);
+    // The write blocks until this test reads, so the command is known to run when `$$` arrives.
     let command = "echo $$ > pid; sleep 30; touch marker";
     let script = one_call(
         &sb,
@@ -1665,20 +1708,14 @@ fn shell_commands_die_with_dsh() {
         .stderr(Stdio::null())
         .spawn()
         .expect("dsh runs");
-    let pid_file = sb.path().join("pid");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let sh: i32 = loop {
-        // The line is complete once its newline is there.
-        let text = std::fs::read_to_string(&pid_file).unwrap_or_default();
-        if text.ends_with('\n') {
-            break text.trim().parse().expect("a pid");
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the command never started"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    };
+    // If the command never starts, the guard opens the FIFO for writing: the read then ends empty.
+    let unblock = pid_fifo.clone();
+    let guard = Watchdog::arm(move || {
+        let _ = std::fs::OpenOptions::new().write(true).open(unblock);
+    });
+    let text = std::fs::read_to_string(&pid_fifo).expect("read the pid");
+    assert!(!guard.disarm(), "the command never started");
+    let sh: i32 = text.trim().parse().expect("a pid");
     // The group's id: field 5 of /proc/PID/stat (after the parenthesised command name).
     let stat = std::fs::read_to_string(format!("/proc/{sh}/stat")).expect("sh runs");
     let pgid: i32 = stat
@@ -1688,25 +1725,26 @@ fn shell_commands_die_with_dsh() {
         .expect("a process group id");
     child.kill().expect("SIGKILL dsh");
     child.wait().expect("reap dsh");
-    // Every process of the command's group is now this process's child: reap them all.
-    // None may end by exiting: each must have been killed.
+    // Every process of the command's group is now this process's child: wait for each to end.
+    // None may end by exiting: each must have been killed (a hang guard kills what is left, and
+    // then the test fails).
     let group = Pid::from_raw(pgid).expect("a pid");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let guard = Watchdog::arm(move || {
+        let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+    });
     let mut reaped = Vec::new();
     loop {
-        match rustix::process::waitpgid(group, WaitOptions::NOHANG) {
+        match rustix::process::waitpgid(group, WaitOptions::empty()) {
             Ok(Some((pid, status))) => reaped.push((pid.as_raw_nonzero().get(), status)),
-            Ok(None) => {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the command's group still runs: reaped {reaped:?}"
-                );
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
+            Ok(None) => {}
             Err(rustix::io::Errno::CHILD) => break,
             Err(e) => panic!("waitpgid: {e}"),
         }
     }
+    assert!(
+        !guard.disarm(),
+        "the command's group outlived dsh: {reaped:?}"
+    );
     assert!(reaped.iter().any(|(pid, _)| *pid == sh), "{reaped:?}");
     for (pid, status) in &reaped {
         assert!(
