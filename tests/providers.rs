@@ -17,10 +17,10 @@ use std::time::Duration;
 
 use dsh::ids::{MessageId, SessionId};
 use dsh::limits::Limits;
+use dsh::llm::openai::ChunkDecoder;
 use dsh::llm::openai::{ApiKey, OpenAiConfig, OpenAiProvider};
 use dsh::llm::script::{Gates, ScriptEntry, ScriptProvider};
 use dsh::llm::sim::{SimConfig, SimProvider};
-use dsh::llm::sse::ChunkDecoder;
 use dsh::llm::types::{
     ContentBlock, FinishReason, LlmCallConfig, LlmFailure, LlmRequest, Message, MessageSource,
     Role, StreamChunk, ToolSchema,
