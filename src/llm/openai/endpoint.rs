@@ -233,7 +233,11 @@ mod tests {
             ),
         ] {
             let e = parse(raw);
-            assert_eq!((e.url().as_str(), e.to_string().as_str()), (url, shown), "{raw}");
+            assert_eq!(
+                (e.url().as_str(), e.to_string().as_str()),
+                (url, shown),
+                "{raw}"
+            );
             assert!(e.credentials().is_none(), "{raw}");
         }
     }
