@@ -149,9 +149,11 @@ fn take_credentials(url: &mut Url) -> Result<Option<BasicCredentials>, String> {
     Ok(Some(credentials))
 }
 
-/// Whether `base_url` carries userinfo (credentials for HTTP Basic authorization).
+/// Whether `base_url` carries userinfo (credentials for HTTP Basic authorization). Textual, as
+/// `redact_userinfo`, so a URL that does not parse but has userinfo still counts: its caller then
+/// reports the URL's error rather than a missing key.
 pub(crate) fn has_userinfo(base_url: &str) -> bool {
-    Url::parse(base_url).is_ok_and(|url| !url.username().is_empty() || url.password().is_some())
+    matches!(redact_userinfo(base_url), Cow::Owned(_))
 }
 
 /// `raw` with the userinfo of its authority replaced by `<redacted>@`, found textually so it works
@@ -267,6 +269,7 @@ mod tests {
         assert!(has_userinfo("http://token@h/"));
         assert!(!has_userinfo("http://h/"));
         assert!(!has_userinfo("not a url"));
+        assert!(has_userinfo("http://a:b@h:99999/"));
     }
 
     #[test]
