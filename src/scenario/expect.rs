@@ -258,4 +258,3 @@ mod tests {
         assert_eq!(match_log(&[e1], ExpectMode::Subsequence, &events), Ok(()));
     }
 }
-

@@ -121,7 +121,6 @@ pub enum ScenarioError {
     Runtime { scenario: String, reason: String },
 }
 
-
 /// A JSON value on one line, for error messages and reports.
 fn compact(v: &Value) -> String {
     serde_json::to_string(v).unwrap_or_else(|_| "<unprintable>".to_string())

@@ -383,7 +383,6 @@ impl Scenario {
             action_timeout_ms,
         })
     }
-
 }
 
 fn kind_of(v: &Value) -> &'static str {
@@ -503,14 +502,7 @@ fn parse_behaviours(
         if panic && (raw.result.is_some() || error.is_some()) {
             return Err(invalid(path, "a panicking call has no result or error"));
         }
-        let gate = match raw.gate {
-            Some(g) => {
-                let g = gate_name(&format!("{path}.gate"), &g)?;
-                gates.insert(g.clone());
-                Some(g)
-            }
-            None => None,
-        };
+        let gate = optional_gate(&path, raw.gate, gates)?;
         let contexts = raw
             .additional_contexts
             .unwrap_or_default()
@@ -545,110 +537,134 @@ fn parse_hooks(v: &Value, gates: &mut BTreeSet<String>) -> Result<HooksSection, 
     let raw: RawHooks = typed("hooks", v)?;
     let mut hooks = HooksSection::default();
     for (i, item) in raw.pre_step.unwrap_or_default().iter().enumerate() {
-        let path = format!("hooks.pre_step[{i}]");
-        let e: RawPreStep = typed(&path, item)?;
-        if e.turn == 0 || e.step == 0 {
-            return Err(invalid(path, "turn and step count from 1"));
-        }
-        if hooks
-            .pre_step
-            .iter()
-            .any(|p| p.turn == e.turn && p.step == e.step)
-        {
-            return Err(invalid(
-                path,
-                format!("a second entry for turn {} step {}", e.turn, e.step),
-            ));
-        }
-        if e.messages.is_some() && e.decision != RawDecision::Rewrite {
-            return Err(invalid(path, "messages belong to a rewrite decision"));
-        }
-        if e.message.is_some() && e.decision != RawDecision::Fail {
-            return Err(invalid(path, "message belongs to a fail decision"));
-        }
-        let action = match e.decision {
-            RawDecision::Enter => PreStepAction::Enter,
-            RawDecision::Reject => PreStepAction::Reject,
-            RawDecision::Fail => {
-                PreStepAction::Fail(e.message.unwrap_or_else(|| "pre_step hook failed".into()))
-            }
-            RawDecision::Rewrite => {
-                let Some(texts) = e.messages else {
-                    return Err(invalid(path, "a rewrite needs messages (possibly [])"));
-                };
-                let mut messages = Vec::with_capacity(texts.len());
-                for (j, text) in texts.iter().enumerate() {
-                    let id = message_id(&path, &format!("pre-step-{i}-{j}"))?;
-                    messages.push(Message::user_text(id, text.clone()));
-                }
-                PreStepAction::Rewrite(messages)
-            }
-        };
-        let gate = match e.gate {
-            Some(g) => {
-                let g = gate_name(&format!("{path}.gate"), &g)?;
-                gates.insert(g.clone());
-                Some(g)
-            }
-            None => None,
-        };
-        hooks.pre_step.push(PreStepEntry {
-            turn: e.turn,
-            step: e.step,
-            action,
-            gate,
-        });
+        let entry = parse_pre_step(i, item, &hooks.pre_step, gates)?;
+        hooks.pre_step.push(entry);
     }
     for (i, item) in raw.turn_stopping.unwrap_or_default().iter().enumerate() {
-        let path = format!("hooks.turn_stopping[{i}]");
-        let e: RawTurnStopping = typed(&path, item)?;
-        let at_stop = e.at_stop.unwrap_or(1);
-        if e.turn == 0 || at_stop == 0 {
-            return Err(invalid(path, "turn and at_stop count from 1"));
-        }
-        let id = format!("turn-stopping-{i}");
-        let act = match (e.steer, e.inject, e.cancel) {
-            (Some(text), None, None) => TurnStoppingDo::Steer(plugin_message(&path, &id, &text)?),
-            (None, Some(text), None) => TurnStoppingDo::Inject(plugin_message(&path, &id, &text)?),
-            (None, None, Some(cause)) => {
-                TurnStoppingDo::Cancel(parse_cause(&format!("{path}.cancel"), &cause)?)
-            }
-            _ => {
-                return Err(invalid(
-                    path,
-                    "needs exactly one of steer, inject and cancel",
-                ));
-            }
-        };
-        hooks.turn_stopping.push(TurnStoppingEntry {
-            turn: e.turn,
-            at_stop,
-            act,
-        });
+        hooks.turn_stopping.push(parse_turn_stopping(i, item)?);
     }
     if let Some(v) = raw.request_error.filter(|v| !v.is_null()) {
-        let path = "hooks.request_error";
-        let e: RawRequestError = typed(path, &v)?;
-        let defaults = Backoff::default();
-        let policy = RetryPolicy {
-            mode: RetryMode::Normal {
-                max_retries: e.retries,
-                retryable_codes: e
-                    .retryable_codes
-                    .unwrap_or_else(|| DEFAULT_RETRYABLE_CODES.map(String::from).to_vec()),
-            },
-            backoff: Backoff {
-                initial_delay_ms: e.initial_delay_ms.unwrap_or(defaults.initial_delay_ms),
-                max_delay_ms: e.max_delay_ms.unwrap_or(defaults.max_delay_ms),
-                jitter_ratio: e.jitter_ratio.unwrap_or(defaults.jitter_ratio),
-            },
-        };
-        policy
-            .validate()
-            .map_err(|e| invalid(path, e.to_string()))?;
-        hooks.request_error = Some(policy);
+        hooks.request_error = Some(parse_request_error(&v)?);
     }
     Ok(hooks)
+}
+
+/// `hooks.pre_step[i]`, given the entries before it (a turn and step may have one entry only).
+fn parse_pre_step(
+    i: usize,
+    item: &Value,
+    earlier: &[PreStepEntry],
+    gates: &mut BTreeSet<String>,
+) -> Result<PreStepEntry, ScenarioError> {
+    let path = format!("hooks.pre_step[{i}]");
+    let e: RawPreStep = typed(&path, item)?;
+    if e.turn == 0 || e.step == 0 {
+        return Err(invalid(path, "turn and step count from 1"));
+    }
+    if earlier.iter().any(|p| p.turn == e.turn && p.step == e.step) {
+        return Err(invalid(
+            path,
+            format!("a second entry for turn {} step {}", e.turn, e.step),
+        ));
+    }
+    if e.messages.is_some() && e.decision != RawDecision::Rewrite {
+        return Err(invalid(path, "messages belong to a rewrite decision"));
+    }
+    if e.message.is_some() && e.decision != RawDecision::Fail {
+        return Err(invalid(path, "message belongs to a fail decision"));
+    }
+    let action = match e.decision {
+        RawDecision::Enter => PreStepAction::Enter,
+        RawDecision::Reject => PreStepAction::Reject,
+        RawDecision::Fail => {
+            PreStepAction::Fail(e.message.unwrap_or_else(|| "pre_step hook failed".into()))
+        }
+        RawDecision::Rewrite => {
+            let Some(texts) = e.messages else {
+                return Err(invalid(path, "a rewrite needs messages (possibly [])"));
+            };
+            let mut messages = Vec::with_capacity(texts.len());
+            for (j, text) in texts.iter().enumerate() {
+                let id = message_id(&path, &format!("pre-step-{i}-{j}"))?;
+                messages.push(Message::user_text(id, text.clone()));
+            }
+            PreStepAction::Rewrite(messages)
+        }
+    };
+    let gate = optional_gate(&path, e.gate, gates)?;
+    Ok(PreStepEntry {
+        turn: e.turn,
+        step: e.step,
+        action,
+        gate,
+    })
+}
+
+/// A gate a tool or hook waits on: checked, and added to the names an `open` may use.
+fn optional_gate(
+    path: &str,
+    gate: Option<String>,
+    gates: &mut BTreeSet<String>,
+) -> Result<Option<String>, ScenarioError> {
+    let Some(g) = gate else {
+        return Ok(None);
+    };
+    let g = gate_name(&format!("{path}.gate"), &g)?;
+    gates.insert(g.clone());
+    Ok(Some(g))
+}
+
+/// `hooks.turn_stopping[i]`.
+fn parse_turn_stopping(i: usize, item: &Value) -> Result<TurnStoppingEntry, ScenarioError> {
+    let path = format!("hooks.turn_stopping[{i}]");
+    let e: RawTurnStopping = typed(&path, item)?;
+    let at_stop = e.at_stop.unwrap_or(1);
+    if e.turn == 0 || at_stop == 0 {
+        return Err(invalid(path, "turn and at_stop count from 1"));
+    }
+    let id = format!("turn-stopping-{i}");
+    let act = match (e.steer, e.inject, e.cancel) {
+        (Some(text), None, None) => TurnStoppingDo::Steer(plugin_message(&path, &id, &text)?),
+        (None, Some(text), None) => TurnStoppingDo::Inject(plugin_message(&path, &id, &text)?),
+        (None, None, Some(cause)) => {
+            TurnStoppingDo::Cancel(parse_cause(&format!("{path}.cancel"), &cause)?)
+        }
+        _ => {
+            return Err(invalid(
+                path,
+                "needs exactly one of steer, inject and cancel",
+            ));
+        }
+    };
+    Ok(TurnStoppingEntry {
+        turn: e.turn,
+        at_stop,
+        act,
+    })
+}
+
+/// `hooks.request_error`: the default policy with the scenario's budget, backoff and codes.
+fn parse_request_error(v: &Value) -> Result<RetryPolicy, ScenarioError> {
+    let path = "hooks.request_error";
+    let e: RawRequestError = typed(path, v)?;
+    let defaults = Backoff::default();
+    let policy = RetryPolicy {
+        mode: RetryMode::Normal {
+            max_retries: e.retries,
+            retryable_codes: e
+                .retryable_codes
+                .unwrap_or_else(|| DEFAULT_RETRYABLE_CODES.map(String::from).to_vec()),
+        },
+        backoff: Backoff {
+            initial_delay_ms: e.initial_delay_ms.unwrap_or(defaults.initial_delay_ms),
+            max_delay_ms: e.max_delay_ms.unwrap_or(defaults.max_delay_ms),
+            jitter_ratio: e.jitter_ratio.unwrap_or(defaults.jitter_ratio),
+        },
+    };
+    policy
+        .validate()
+        .map_err(|e| invalid(path, e.to_string()))?;
+    Ok(policy)
 }
 
 fn parse_actions(v: &Value, gates: &BTreeSet<String>) -> Result<Vec<Action>, ScenarioError> {
@@ -658,130 +674,8 @@ fn parse_actions(v: &Value, gates: &BTreeSet<String>) -> Result<Vec<Action>, Sce
     for (i, item) in items.iter().enumerate() {
         let path = format!("actions[{i}]");
         let raw: RawAction = typed(&path, item)?;
-        let verbs: Vec<&str> = [
-            ("followup", raw.followup.is_some()),
-            ("steer", raw.steer.is_some()),
-            ("inject", raw.inject.is_some()),
-            ("cancel", raw.cancel.is_some()),
-            ("remove", raw.remove.is_some()),
-            ("replace", raw.replace.is_some()),
-            ("open", raw.open.is_some()),
-            ("wait_for", raw.wait_for.is_some()),
-            ("wait_idle", raw.wait_idle.is_some()),
-            ("restart", raw.restart.is_some()),
-        ]
-        .iter()
-        .filter(|(_, present)| *present)
-        .map(|(verb, _)| *verb)
-        .collect();
-        if verbs.len() != 1 {
-            return Err(invalid(
-                path,
-                format!(
-                    "an action has exactly one verb (followup, steer, inject, cancel, remove, replace, open, wait_for, wait_idle, restart), found {}: [{}]",
-                    verbs.len(),
-                    verbs.join(", ")
-                ),
-            ));
-        }
-        let takes_id = raw.followup.is_some()
-            || raw.steer.is_some()
-            || raw.inject.is_some()
-            || raw.replace.is_some();
-        if raw.id.is_some() && !takes_id {
-            return Err(invalid(
-                path,
-                "id belongs to followup, steer, inject or replace",
-            ));
-        }
-        if raw.with.is_some() != raw.replace.is_some() {
-            return Err(invalid(path, "replace and with go together"));
-        }
-        let input = |text: String| -> Result<Input, ScenarioError> {
-            let id = raw.id.clone().unwrap_or_else(|| format!("action-{i}"));
-            Ok(Input {
-                id: message_id(&format!("{path}.id"), &id)?,
-                text,
-            })
-        };
-        let action = if let Some(t) = raw.followup.clone() {
-            Action::Followup(input(t)?)
-        } else if let Some(t) = raw.steer.clone() {
-            Action::Steer(input(t)?)
-        } else if let Some(t) = raw.inject.clone() {
-            Action::Inject(input(t)?)
-        } else if let Some(c) = &raw.cancel {
-            Action::Cancel {
-                cause: match &c.cause {
-                    None | Some(Value::Null) => CancelCause::User,
-                    Some(v) => parse_cause(&format!("{path}.cancel.cause"), v)?,
-                },
-                keep_inbox: c.keep_inbox.unwrap_or(false),
-            }
-        } else if let Some(id) = &raw.remove {
-            if !sent.contains(id) {
-                return Err(invalid(
-                    path,
-                    format!("remove {id:?}: no earlier action sent a message with that id"),
-                ));
-            }
-            Action::Remove(message_id(&path, id)?)
-        } else if let Some(id) = &raw.replace {
-            if !sent.contains(id) {
-                return Err(invalid(
-                    path,
-                    format!("replace {id:?}: no earlier action sent a message with that id"),
-                ));
-            }
-            let with = raw.with.clone().unwrap_or_default();
-            Action::Replace {
-                id: message_id(&path, id)?,
-                with: input(with)?,
-            }
-        } else if let Some(g) = &raw.open {
-            if !gates.contains(g) {
-                return Err(invalid(
-                    path,
-                    format!(
-                        "open {g:?}: no model entry, tool or hook waits on a gate of that name (known: [{}])",
-                        gates.iter().cloned().collect::<Vec<_>>().join(", ")
-                    ),
-                ));
-            }
-            Action::Open(g.clone())
-        } else if let Some(w) = &raw.wait_for {
-            if w.count == 0 {
-                return Err(invalid(
-                    path,
-                    "wait_for count 0 waits for nothing; use at least 1",
-                ));
-            }
-            if !WRITTEN_EVENT_TYPES.contains(&w.kind.as_str()) {
-                return Err(invalid(
-                    path,
-                    format!(
-                        "wait_for {:?}: the runtime writes no such event type",
-                        w.kind
-                    ),
-                ));
-            }
-            Action::WaitFor {
-                kind: w.kind.clone(),
-                count: w.count,
-            }
-        } else if let Some(flag) = raw.wait_idle {
-            if !flag {
-                return Err(invalid(path, "wait_idle must be true"));
-            }
-            Action::WaitIdle
-        } else if let Some(flag) = raw.restart {
-            if !flag {
-                return Err(invalid(path, "restart must be true"));
-            }
-            Action::Restart
-        } else {
-            unreachable!("exactly one verb was counted above")
-        };
+        check_action_shape(&path, &raw)?;
+        let action = parse_action(i, &path, raw, &sent, gates)?;
         match &action {
             Action::Followup(m) | Action::Steer(m) | Action::Inject(m) => {
                 sent.insert(m.id.to_string());
@@ -794,6 +688,163 @@ fn parse_actions(v: &Value, gates: &BTreeSet<String>) -> Result<Vec<Action>, Sce
         actions.push(action);
     }
     Ok(actions)
+}
+
+/// Exactly one verb, and `id` and `with` only beside the verbs they belong to.
+fn check_action_shape(path: &str, raw: &RawAction) -> Result<(), ScenarioError> {
+    let verbs: Vec<&str> = [
+        ("followup", raw.followup.is_some()),
+        ("steer", raw.steer.is_some()),
+        ("inject", raw.inject.is_some()),
+        ("cancel", raw.cancel.is_some()),
+        ("remove", raw.remove.is_some()),
+        ("replace", raw.replace.is_some()),
+        ("open", raw.open.is_some()),
+        ("wait_for", raw.wait_for.is_some()),
+        ("wait_idle", raw.wait_idle.is_some()),
+        ("restart", raw.restart.is_some()),
+    ]
+    .iter()
+    .filter(|(_, present)| *present)
+    .map(|(verb, _)| *verb)
+    .collect();
+    if verbs.len() != 1 {
+        return Err(invalid(
+            path,
+            format!(
+                "an action has exactly one verb (followup, steer, inject, cancel, remove, replace, open, wait_for, wait_idle, restart), found {}: [{}]",
+                verbs.len(),
+                verbs.join(", ")
+            ),
+        ));
+    }
+    let takes_id = raw.followup.is_some()
+        || raw.steer.is_some()
+        || raw.inject.is_some()
+        || raw.replace.is_some();
+    if raw.id.is_some() && !takes_id {
+        return Err(invalid(
+            path,
+            "id belongs to followup, steer, inject or replace",
+        ));
+    }
+    if raw.with.is_some() != raw.replace.is_some() {
+        return Err(invalid(path, "replace and with go together"));
+    }
+    Ok(())
+}
+
+/// `actions[i]`, whose shape `check_action_shape` accepted; `sent` holds the message ids earlier
+/// actions sent, `gates` every gate something waits on.
+fn parse_action(
+    i: usize,
+    path: &str,
+    raw: RawAction,
+    sent: &BTreeSet<String>,
+    gates: &BTreeSet<String>,
+) -> Result<Action, ScenarioError> {
+    let input = |text: String| -> Result<Input, ScenarioError> {
+        let id = raw.id.clone().unwrap_or_else(|| format!("action-{i}"));
+        Ok(Input {
+            id: message_id(&format!("{path}.id"), &id)?,
+            text,
+        })
+    };
+    if let Some(t) = raw.followup.clone() {
+        return Ok(Action::Followup(input(t)?));
+    }
+    if let Some(t) = raw.steer.clone() {
+        return Ok(Action::Steer(input(t)?));
+    }
+    if let Some(t) = raw.inject.clone() {
+        return Ok(Action::Inject(input(t)?));
+    }
+    if let Some(c) = &raw.cancel {
+        return Ok(Action::Cancel {
+            cause: match &c.cause {
+                None | Some(Value::Null) => CancelCause::User,
+                Some(v) => parse_cause(&format!("{path}.cancel.cause"), v)?,
+            },
+            keep_inbox: c.keep_inbox.unwrap_or(false),
+        });
+    }
+    if let Some(id) = &raw.remove {
+        return Ok(Action::Remove(earlier_message(path, "remove", id, sent)?));
+    }
+    if let Some(id) = &raw.replace {
+        let id = earlier_message(path, "replace", id, sent)?;
+        let with = raw.with.clone().unwrap_or_default();
+        return Ok(Action::Replace {
+            id,
+            with: input(with)?,
+        });
+    }
+    if let Some(g) = &raw.open {
+        if !gates.contains(g) {
+            return Err(invalid(
+                path,
+                format!(
+                    "open {g:?}: no model entry, tool or hook waits on a gate of that name (known: [{}])",
+                    gates.iter().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+        return Ok(Action::Open(g.clone()));
+    }
+    if let Some(w) = &raw.wait_for {
+        return parse_wait_for(path, w);
+    }
+    parse_flag_action(path, &raw)
+}
+
+/// The id of a message an earlier action sent, for `remove` and `replace`.
+fn earlier_message(
+    path: &str,
+    verb: &str,
+    id: &str,
+    sent: &BTreeSet<String>,
+) -> Result<MessageId, ScenarioError> {
+    if !sent.contains(id) {
+        return Err(invalid(
+            path,
+            format!("{verb} {id:?}: no earlier action sent a message with that id"),
+        ));
+    }
+    message_id(path, id)
+}
+
+/// `wait_for`: at least one event, of a type the runtime writes.
+fn parse_wait_for(path: &str, w: &RawWaitFor) -> Result<Action, ScenarioError> {
+    if w.count == 0 {
+        return Err(invalid(
+            path,
+            "wait_for count 0 waits for nothing; use at least 1",
+        ));
+    }
+    if !WRITTEN_EVENT_TYPES.contains(&w.kind.as_str()) {
+        return Err(invalid(
+            path,
+            format!(
+                "wait_for {:?}: the runtime writes no such event type",
+                w.kind
+            ),
+        ));
+    }
+    Ok(Action::WaitFor {
+        kind: w.kind.clone(),
+        count: w.count,
+    })
+}
+
+/// `wait_idle: true` or `restart: true`, the verbs that are flags.
+fn parse_flag_action(path: &str, raw: &RawAction) -> Result<Action, ScenarioError> {
+    match (raw.wait_idle, raw.restart) {
+        (Some(true), _) => Ok(Action::WaitIdle),
+        (Some(false), _) => Err(invalid(path, "wait_idle must be true")),
+        (None, Some(true)) => Ok(Action::Restart),
+        (None, Some(false)) => Err(invalid(path, "restart must be true")),
+        (None, None) => unreachable!("check_action_shape counted exactly one verb"),
+    }
 }
 
 pub(super) fn parse_expect(v: &Value) -> Result<Vec<Expectation>, ScenarioError> {
