@@ -46,23 +46,40 @@ use crate::llm::types::{
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ScriptError {
+    /// An entry with no reply kind, or with two that cannot go together.
     #[error(
         "script entry has {n_kinds} reply kinds ({kinds}); it needs exactly one of text, max_tokens, tool_calls, error, hang, chunks (text may accompany tool_calls)"
     )]
-    ReplyKinds { n_kinds: usize, kinds: String },
+    ReplyKinds {
+        /// How many reply kinds the entry has.
+        n_kinds: usize,
+        /// Their names, comma-separated.
+        kinds: String,
+    },
+    /// `gate_after_chunks` without a `gate` to wait on.
     #[error("script entry has gate_after_chunks {gate_after_chunks} but no gate")]
-    GateAfterWithoutGate { gate_after_chunks: usize },
+    GateAfterWithoutGate {
+        /// The value given.
+        gate_after_chunks: usize,
+    },
+    /// A `gate` of "".
     #[error("script entry gate name is empty")]
     EmptyGate,
+    /// An `error` entry whose failure could not be built (an empty code, for example).
     #[error("script error entry is invalid: {reason}")]
-    InvalidFailure { reason: String },
+    InvalidFailure {
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// One scripted tool call.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScriptToolCall {
+    /// The call id (what `tool_behaviour` keys on and the tool result answers).
     pub id: String,
+    /// The tool called.
     pub name: String,
     /// The raw argument string, streamed in two halves.
     pub arguments: String,
@@ -72,12 +89,17 @@ pub struct ScriptToolCall {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScriptedFailure {
+    /// The failure code (`SERVER`, `RATE_LIMIT`, ...), which the request-error policy decides on.
     pub code: String,
+    /// The failure message.
     pub message: String,
+    /// The HTTP status a real provider would have seen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
+    /// The provider's `Retry-After`, in ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// The provider's request id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
 }
@@ -97,14 +119,22 @@ impl ScriptedFailure {
 /// What an entry replies. See the module docs for the chunks of each.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ScriptReply {
+    /// `{"text": s}`: `s` streamed one character per delta, `finish{stop}`.
     Text(String),
+    /// `{"max_tokens": s}`: as `Text`, ending `finish{max-tokens}`.
     MaxTokens(String),
+    /// `{"tool_calls": [...]}`, optionally with a `text` streamed first.
     ToolCalls {
+        /// Text streamed as block 0 before the calls.
         text: Option<String>,
+        /// The calls, in block order.
         calls: Vec<ScriptToolCall>,
     },
+    /// `{"error": {...}}`: one `finish{error}` chunk.
     Error(ScriptedFailure),
+    /// `{"hang": s}`: `s` streamed, then the stream waits for cancellation.
     Hang(String),
+    /// `{"chunks": [...]}`: these chunks verbatim.
     Chunks(Vec<StreamChunk>),
 }
 
@@ -113,6 +143,7 @@ pub enum ScriptReply {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "RawEntry", into = "RawEntry")]
 pub struct ScriptEntry {
+    /// What the entry streams.
     pub reply: ScriptReply,
     /// The gate the stream waits on, and after how many chunks.
     ///
@@ -440,6 +471,7 @@ impl fmt::Debug for Gates {
 }
 
 impl Gates {
+    /// A set with no gate open.
     pub fn new() -> Gates {
         Gates::default()
     }
@@ -462,6 +494,7 @@ impl Gates {
         gate.notify.notify_waiters();
     }
 
+    /// Whether `name` has been opened.
     pub fn is_open(&self, name: &str) -> bool {
         self.lock()
             .get(name)
@@ -534,6 +567,7 @@ impl ScriptProvider {
         lock(&self.entries).len()
     }
 
+    /// The gates this provider's entries wait on (shared with whoever opens them).
     pub fn gates(&self) -> &Gates {
         &self.gates
     }

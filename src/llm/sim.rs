@@ -37,12 +37,28 @@ const ARGS_DEPTH_MAX: usize = 8;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SimError {
+    /// The reply length bounds are upside down.
     #[error("reply_tokens_min {min} is above reply_tokens_max {max}")]
-    ReplyRange { min: u32, max: u32 },
+    ReplyRange {
+        /// `reply_tokens_min` as given.
+        min: u32,
+        /// `reply_tokens_max` as given.
+        max: u32,
+    },
+    /// Replies could grow past what one log event may hold.
     #[error("reply_tokens_max is {max}, the limit is {limit}")]
-    ReplyTooLong { max: u32, limit: u32 },
+    ReplyTooLong {
+        /// `reply_tokens_max` as given.
+        max: u32,
+        /// The largest value accepted.
+        limit: u32,
+    },
+    /// A probability outside 0..=1 (NaN included).
     #[error("tool_call_probability is {p}, it must be within 0..=1")]
-    Probability { p: f64 },
+    Probability {
+        /// The value given.
+        p: f64,
+    },
 }
 
 /// Configuration of the simulated model (serde, for configuration files; unknown keys are refused).
@@ -55,8 +71,10 @@ pub struct SimConfig {
     pub ttft_ms: u64,
     /// Output pace; 0 streams as fast as it is read.
     pub tokens_per_sec: u64,
-    /// Text reply length bounds, in tokens (words).
+    /// The shortest text reply, in tokens (words).
     pub reply_tokens_min: u32,
+    /// The longest text reply, in tokens (words). Invariant when validated: at least
+    /// `reply_tokens_min`.
     pub reply_tokens_max: u32,
     /// Chance that a step calls a tool (when the request offers tools).
     pub tool_call_probability: f64,
@@ -121,10 +139,12 @@ impl SimConfig {
 pub struct SplitMix64(u64);
 
 impl SplitMix64 {
+    /// A generator whose sequence is fixed by `seed`.
     pub fn new(seed: u64) -> SplitMix64 {
         SplitMix64(seed)
     }
 
+    /// The next value of the sequence.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
@@ -326,6 +346,7 @@ impl SimProvider {
         self
     }
 
+    /// The configuration the simulator runs with.
     pub fn config(&self) -> &SimConfig {
         &self.config
     }

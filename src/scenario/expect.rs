@@ -12,6 +12,7 @@ use crate::session::Event;
 /// The first difference between a log and a scenario's `expect`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mismatch {
+    /// The scenario's name (empty from `match_log`, filled in by `Scenario::check`).
     pub scenario: String,
     /// Index into `expect`; equals `expect.len()` when the log holds events past the last expectation.
     pub expect_idx: usize,

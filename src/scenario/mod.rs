@@ -86,39 +86,69 @@ pub const PLUGIN_NAME: &str = "scenario";
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ScenarioError {
+    /// The document is not JSON at all.
     #[error("scenario is not valid JSON: {reason}")]
-    Json { reason: String },
+    Json {
+        /// The JSON parser's message (with line and column).
+        reason: String,
+    },
     /// A field has the wrong type, is missing, or is unknown.
     #[error("{path}: {reason}")]
-    Field { path: String, reason: String },
+    Field {
+        /// Where in the document, e.g. `actions[3]` or `hooks.pre_step[0].gate`.
+        path: String,
+        /// What is wrong there.
+        reason: String,
+    },
     /// The fields parse but do not make sense together.
     #[error("{path}: {reason}")]
-    Invalid { path: String, reason: String },
+    Invalid {
+        /// Where in the document.
+        path: String,
+        /// Which rule the fields break.
+        reason: String,
+    },
+    /// `Scenario::check` was asked to compare a log, but the scenario has no `expect`.
     #[error("scenario {scenario:?} has no expect section to check against")]
-    NoExpect { scenario: String },
+    NoExpect {
+        /// The scenario's name.
+        scenario: String,
+    },
+    /// The log differs from `expect`; the mismatch names the first difference.
     #[error("{0}")]
     Mismatch(Box<Mismatch>),
     /// The runtime refused an action (an input error, an unknown agent, ...).
     #[error("scenario {scenario:?}: actions[{action_idx}] ({action}) failed: {reason}")]
     Action {
+        /// The scenario's name.
         scenario: String,
+        /// Index of the action in `actions`.
         action_idx: usize,
+        /// The action as `Action`'s `Display` prints it.
         action: String,
+        /// The runtime's error.
         reason: String,
     },
     /// Something the runner waited for did not happen in time: the scenario hangs.
     #[error("scenario {scenario:?}: {at} did not finish within {timeout_ms} ms ({waiting})")]
     Timeout {
+        /// The scenario's name.
         scenario: String,
         /// `actions[i] (...)` or `the final wait for idle`.
         at: String,
+        /// The bound that ran out (`action_timeout_ms`).
         timeout_ms: u64,
         /// What was still missing.
         waiting: String,
     },
     /// The world could not be built or read (host start, store read).
     #[error("scenario {scenario:?}: {reason}")]
-    Runtime { scenario: String, reason: String },
+    Runtime {
+        /// The scenario's name.
+        scenario: String,
+        /// What failed.
+        reason: String,
+    },
 }
 
 /// A JSON value on one line, for error messages and reports.
@@ -135,9 +165,11 @@ pub struct AgentSection {
     pub max_tokens: Option<u64>,
     /// Invariant: non-empty.
     pub model: String,
+    /// The system prompt, if any.
     pub system: Option<String>,
+    /// How long a cancelled tool may run on before it is killed (the runtime's default when unset).
     pub tool_grace_ms: Option<u64>,
-    /// Invariant: at least 1 when set.
+    /// How long one tool call may run (no bound when unset). Invariant: at least 1 when set.
     pub tool_timeout_ms: Option<u64>,
 }
 
@@ -158,7 +190,9 @@ impl Default for AgentSection {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ToolMode {
+    /// Safe to overlap with other parallel calls.
     Parallel,
+    /// A barrier: the call runs alone, after everything before it drained.
     Exclusive,
 }
 
@@ -166,7 +200,9 @@ pub enum ToolMode {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolSpec {
+    /// The tool's name, as model entries call it. Invariant: non-empty, unique in `tools`.
     pub name: String,
+    /// How its calls are scheduled.
     pub mode: ToolMode,
 }
 
@@ -183,7 +219,10 @@ pub struct ToolBehaviour {
     pub error: Option<(String, Option<ToolErrorInfo>)>,
     /// Panics after the delay and the gate.
     pub panic: bool,
+    /// Messages the call adds for the model after its result (plugin-sourced, ids
+    /// `<call id>-context-<i>`).
     pub additional_contexts: Vec<Message>,
+    /// The result concludes the turn: the model is not asked again unless next-step has input.
     pub concludes_turn: bool,
     /// Keeps waiting through a cancellation.
     pub ignore_cancel: bool,
@@ -209,6 +248,7 @@ pub struct PreStepEntry {
     pub turn: u64,
     /// The proposed step. Invariant: at least 1.
     pub step: u64,
+    /// What the hook decides.
     pub action: PreStepAction,
     /// Waited for before deciding.
     pub gate: Option<String>,
@@ -217,8 +257,11 @@ pub struct PreStepEntry {
 /// What a `turn_stopping` entry does.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TurnStoppingDo {
+    /// Steer this message in: the turn takes another step with it.
     Steer(Message),
+    /// Inject this message: it joins the next boundary of whatever turn runs next.
     Inject(Message),
+    /// Cancel the turn with this cause.
     Cancel(CancelCause),
 }
 
@@ -227,15 +270,18 @@ pub enum TurnStoppingDo {
 pub struct TurnStoppingEntry {
     /// Invariant: at least 1.
     pub turn: u64,
-    /// Invariant: at least 1.
+    /// Which time the turn would stop (1 = the first). Invariant: at least 1.
     pub at_stop: u64,
+    /// What the hook does then.
     pub act: TurnStoppingDo,
 }
 
 /// The hooks a scenario installs.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct HooksSection {
+    /// `hooks.pre_step` entries; at most one per turn and step.
     pub pre_step: Vec<PreStepEntry>,
+    /// `hooks.turn_stopping` entries, in document order.
     pub turn_stopping: Vec<TurnStoppingEntry>,
     /// The default request-error policy, with the scenario's budget (and optional backoff knobs).
     pub request_error: Option<RetryPolicy>,
@@ -244,7 +290,9 @@ pub struct HooksSection {
 /// One user input an action sends.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Input {
+    /// The message id: the action's `id`, else `action-<index>`.
     pub id: MessageId,
+    /// The message text.
     pub text: String,
 }
 
@@ -258,25 +306,40 @@ impl Input {
 /// One step of a scenario's script, run in order.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
+    /// Queue a message as the prompt of its own turn (next-turn queue; wakes an idle agent).
     Followup(Input),
+    /// Queue a message for the nearest step boundary of the running turn (idle: starts a turn).
     Steer(Input),
+    /// Queue a message for the next boundary of whatever turn runs next (does not wake the agent).
     Inject(Input),
+    /// Cancel the running turn.
     Cancel {
+        /// Why (default `user`).
         cause: CancelCause,
+        /// Whether pending inputs survive the cancellation (otherwise they are discarded).
         keep_inbox: bool,
     },
+    /// Take back a queued message an earlier action sent.
     Remove(MessageId),
+    /// Replace a queued message an earlier action sent.
     Replace {
+        /// The message replaced.
         id: MessageId,
+        /// What replaces it.
         with: Input,
     },
+    /// Open a gate that a model entry, tool or hook waits on.
     Open(String),
     /// Until the durable log holds at least `count` events of `kind`. Invariant: `count >= 1`.
     WaitFor {
+        /// An event type the runtime writes (`WRITTEN_EVENT_TYPES`).
         kind: String,
+        /// How many such events. Invariant: at least 1.
         count: usize,
     },
+    /// Until the agent is idle.
     WaitIdle,
+    /// Stop the agent and resume it from its stored log.
     Restart,
 }
 
@@ -325,6 +388,7 @@ pub enum ExpectMode {
 /// One `expect` entry.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Expectation {
+    /// The event type expected.
     pub kind: String,
     /// The parts of the envelope to compare (`data`, `seq`, `sourceEventSeqs`, `surfaceOp`), as given.
     pub fields: Map<String, Value>,
@@ -335,18 +399,27 @@ pub struct Expectation {
 /// A parsed and validated scenario.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Scenario {
+    /// The scenario's name, used in every report. Invariant: not blank.
     pub name: String,
+    /// Free text about what it shows.
     pub description: Option<String>,
+    /// The agent's settings.
     pub agent: AgentSection,
+    /// The tools the agent offers.
     pub tools: Vec<ToolSpec>,
+    /// The scripted model's replies, one per request, in order.
     pub model: Vec<ScriptEntry>,
-    /// By call id.
+    /// What each tool call does, by call id; a call without an entry answers `ok` at once.
     pub tool_behaviour: BTreeMap<String, ToolBehaviour>,
+    /// The hooks installed.
     pub hooks: HooksSection,
+    /// The script, run in order.
     pub actions: Vec<Action>,
+    /// What the log must hold afterwards (`None`: the scenario only runs).
     pub expect: Option<Vec<Expectation>>,
+    /// How `expect` is compared with the log.
     pub expect_mode: ExpectMode,
-    /// Invariant: at least 1.
+    /// How long one action may take before the run fails with a timeout. Invariant: at least 1.
     pub action_timeout_ms: u64,
 }
 

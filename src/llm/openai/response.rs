@@ -205,6 +205,7 @@ pub struct Translator {
 }
 
 impl Translator {
+    /// A translator for one response, bounded by `limits` (blocks, argument bytes, content bytes).
     pub fn new(limits: &Limits) -> Translator {
         Translator {
             blocks: Vec::new(),
@@ -489,6 +490,8 @@ pub struct ChunkDecoder {
 }
 
 impl ChunkDecoder {
+    /// A decoder for one response body, bounded by `limits` (SSE lines and events, and the
+    /// translator's bounds).
     pub fn new(limits: &Limits) -> ChunkDecoder {
         ChunkDecoder {
             decoder: SseDecoder::new(limits),
