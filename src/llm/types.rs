@@ -20,8 +20,11 @@ use crate::ids::{MessageId, SessionId};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// Instructions to the model (in requests only; the log carries the system prompt in headers).
     System,
+    /// The user, injected context, and tool results.
     User,
+    /// The model.
     Assistant,
 }
 
@@ -30,9 +33,13 @@ pub enum Role {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Message {
+    /// Minted once; the same through inbox, log and requests.
     pub id: MessageId,
+    /// Who speaks it.
     pub role: Role,
+    /// Its blocks, in order.
     pub content: Vec<ContentBlock>,
+    /// Where it came from (user, plugin, tool, model).
     pub source: MessageSource,
 }
 
@@ -81,8 +88,11 @@ impl Message {
 /// A borrowed view of one `tool-call` content block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ToolCallBlock<'a> {
+    /// The call id, which the tool result answers.
     pub id: &'a str,
+    /// The tool called.
     pub name: &'a str,
+    /// The raw JSON argument string the model produced.
     pub arguments: &'a str,
 }
 
@@ -138,6 +148,7 @@ impl MessageSource {
         MessageSource(map)
     }
 
+    /// The source's `kind` (`user`, `plugin`, `tool`, `model`, or a plugin's own).
     pub fn kind(&self) -> &str {
         match self.0.get("kind") {
             Some(Value::String(k)) => k,
@@ -151,6 +162,7 @@ impl MessageSource {
         self.0.get(key).and_then(Value::as_str)
     }
 
+    /// The whole source object, every key as written.
     pub fn as_map(&self) -> &Map<String, Value> {
         &self.0
     }
@@ -182,19 +194,31 @@ impl<'de> Deserialize<'de> for MessageSource {
 #[derive(Clone, Debug, PartialEq)]
 pub enum ContentBlock {
     /// `{type:"text", text}`
-    Text { text: String },
+    Text {
+        /// The visible text.
+        text: String,
+    },
     /// `{type:"reasoning", text}` — the model's thinking, distinct from visible text.
-    Reasoning { text: String },
+    Reasoning {
+        /// The reasoning text.
+        text: String,
+    },
     /// `{type:"tool-call", id, name, arguments}` — `arguments` is the raw JSON string the model produced.
     ToolCall {
+        /// The call id, which the tool result answers.
         id: String,
+        /// The tool called.
         name: String,
+        /// The raw JSON argument string, unparsed.
         arguments: String,
     },
     /// `{type:"tool-result", toolCallId, content, isError?}`
     ToolResult {
+        /// The id of the call this answers.
         tool_call_id: String,
+        /// What the tool returned.
         content: Vec<ContentBlock>,
+        /// `Some(true)` when the tool failed; absent in the log when not set.
         is_error: Option<bool>,
     },
     /// Any other block, verbatim. Invariant: has a string `type` that is none of the four above, or
@@ -203,6 +227,7 @@ pub enum ContentBlock {
 }
 
 impl ContentBlock {
+    /// A `text` block.
     pub fn text(text: impl Into<String>) -> ContentBlock {
         ContentBlock::Text { text: text.into() }
     }
@@ -343,14 +368,18 @@ impl ContentBlock {
 /// The kind of block a `block-start` chunk opens.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum BlockType {
+    /// `text`: visible text.
     Text,
+    /// `reasoning`: the model's thinking.
     Reasoning,
+    /// `tool-call`: one tool call.
     ToolCall,
     /// A block type the runtime does not assemble (kept verbatim in the log).
     Other(String),
 }
 
 impl BlockType {
+    /// The type as the log writes it (`text`, `reasoning`, `tool-call`, or the other name).
     pub fn as_str(&self) -> &str {
         match self {
             BlockType::Text => "text",
@@ -388,36 +417,58 @@ impl<'de> Deserialize<'de> for BlockType {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
 pub enum StreamChunk {
+    /// A block opens at `index` (0, 1, 2, … in order).
     BlockStart {
+        /// The block's position in the reply.
         index: u32,
+        /// What kind of block it is.
         #[serde(rename = "blockType")]
         block_type: BlockType,
     },
+    /// More text for the text block at `index`.
     TextDelta {
+        /// The block addressed.
         index: u32,
+        /// The text appended.
         text: String,
     },
+    /// More reasoning for the reasoning block at `index`.
     ReasoningDelta {
+        /// The block addressed.
         index: u32,
+        /// The reasoning appended.
         text: String,
     },
+    /// More of the tool call at `index`.
     ToolCallDelta {
+        /// The block addressed.
         index: u32,
+        /// The call id (repeated on every delta).
         id: String,
+        /// The tool name, when this delta carries it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         name: Option<String>,
+        /// The piece of the argument string appended.
         #[serde(rename = "argumentsDelta")]
         arguments_delta: String,
     },
+    /// The block at `index` is complete; `block` is all of it.
     BlockEnd {
+        /// The block closed.
         index: u32,
+        /// The whole block, deltas concatenated.
         block: ContentBlock,
     },
+    /// The response's token counts (at most one per stream).
     Usage {
+        /// The counts.
         usage: TokenUsage,
     },
+    /// The stream's last chunk: why it ended.
     Finish {
+        /// Why.
         reason: FinishReason,
+        /// Opaque provider state, kept on the assistant message's source as `replayState`.
         #[serde(
             rename = "replayState",
             default,
@@ -533,6 +584,7 @@ impl StreamChunk {
         }
     }
 
+    /// Whether this is the `finish` chunk.
     pub fn is_finish(&self) -> bool {
         matches!(self, StreamChunk::Finish { .. })
     }
@@ -542,11 +594,22 @@ impl StreamChunk {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum FinishReason {
+    /// The model finished its reply.
     Stop,
+    /// The model asks for tool calls.
     ToolCalls,
+    /// The output cap cut the reply.
     MaxTokens,
-    Error { failure: LlmFailure },
-    Aborted { failure: LlmFailure },
+    /// The request failed.
+    Error {
+        /// What failed.
+        failure: LlmFailure,
+    },
+    /// The request was cancelled.
+    Aborted {
+        /// Why (code `ABORTED`).
+        failure: LlmFailure,
+    },
 }
 
 impl FinishReason {
@@ -563,12 +626,17 @@ impl FinishReason {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TokenUsage {
+    /// Input tokens not served from a cache.
     pub input_tokens: u64,
+    /// Output tokens (reasoning included).
     pub output_tokens: u64,
+    /// Input tokens read from the provider's prompt cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_read_tokens: Option<u64>,
+    /// Input tokens written to the provider's prompt cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_write_tokens: Option<u64>,
+    /// The part of `output_tokens` spent reasoning, when the provider says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_tokens: Option<u64>,
 }
@@ -580,17 +648,24 @@ pub struct TokenUsage {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LlmFailure {
+    /// What happened, for people (never an API key or a URL's password).
     pub message: String,
+    /// One of `codes`, or a provider's own; what the request-error policy decides on.
     pub code: String,
+    /// The HTTP status, when there was one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
+    /// How long the provider asked us to wait (`Retry-After`), in ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_retry_after_ms: Option<u64>,
+    /// The provider's id for the request, for its support.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
 }
 
 impl LlmFailure {
+    /// A failure with `code` and `message`; an empty one becomes `UNKNOWN` or `LLM request
+    /// failed`, so the invariant holds.
     pub fn new(code: &str, message: impl Into<String>) -> LlmFailure {
         let message = message.into();
         LlmFailure {
@@ -644,23 +719,41 @@ impl fmt::Display for LlmFailure {
 
 /// Failure codes (`reference/session-llm.md` §6.6).
 pub mod codes {
+    /// Nothing more specific is known.
     pub const UNKNOWN: &str = "UNKNOWN";
+    /// No provider is registered under the request's name.
     pub const NO_ADAPTER: &str = "NO_ADAPTER";
+    /// The credential was refused (HTTP 401, 403).
     pub const AUTH: &str = "AUTH";
+    /// The account is out of quota or balance (terminal, unlike `RATE_LIMIT`).
     pub const QUOTA: &str = "QUOTA";
+    /// Too many requests for now (HTTP 429).
     pub const RATE_LIMIT: &str = "RATE_LIMIT";
+    /// The request does not fit the model's context window.
     pub const CONTEXT_WINDOW_EXCEEDED: &str = "CONTEXT_WINDOW_EXCEEDED";
+    /// The server refused the request as malformed (HTTP 400, 413).
     pub const INVALID_REQUEST: &str = "INVALID_REQUEST";
+    /// The server failed (HTTP 5xx).
     pub const SERVER: &str = "SERVER";
+    /// The connection failed or broke.
     pub const TRANSPORT: &str = "TRANSPORT";
+    /// The server went quiet past a bound.
     pub const TIMEOUT: &str = "TIMEOUT";
+    /// The caller cancelled the request.
     pub const ABORTED: &str = "ABORTED";
+    /// The stream ended before its end marker.
     pub const STREAM_CLOSED: &str = "STREAM_CLOSED";
+    /// The stream broke its format or a bound.
     pub const MALFORMED_RESPONSE: &str = "MALFORMED_RESPONSE";
+    /// A reply with no content.
     pub const EMPTY_RESPONSE: &str = "EMPTY_RESPONSE";
+    /// No credential is configured for the provider.
     pub const MISSING_CREDENTIAL: &str = "MISSING_CREDENTIAL";
+    /// The credential cannot be sent (it does not fit a header).
     pub const INVALID_CREDENTIAL: &str = "INVALID_CREDENTIAL";
+    /// The request holds content the provider cannot take (images on a text path).
     pub const UNSUPPORTED_CONTENT: &str = "UNSUPPORTED_CONTENT";
+    /// The request's reasoning effort is not one the endpoint accepts.
     pub const UNSUPPORTED_REASONING_EFFORT: &str = "UNSUPPORTED_REASONING_EFFORT";
 }
 
@@ -669,14 +762,20 @@ pub mod codes {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LlmCallConfig {
+    /// The provider's registered name (its route).
     pub provider: String,
+    /// The model id (empty: the provider's default).
     pub model: String,
+    /// How hard the model should think (`off`, `low`, `high`, `max`, or the provider's words).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_effort: Option<String>,
+    /// Sampling temperature, as the JSON number written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<Number>,
+    /// The output cap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,
+    /// Stop sequences.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<Vec<String>>,
 }
@@ -685,8 +784,10 @@ pub struct LlmCallConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AdapterDefaults {
+    /// `Some(true)`: the reasoning effort is the provider's default, not the caller's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_effort: Option<bool>,
+    /// `Some(true)`: the output cap is the provider's default, not the caller's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<bool>,
 }
@@ -695,8 +796,11 @@ pub struct AdapterDefaults {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolSchema {
+    /// The name the model calls it by.
     pub name: String,
+    /// What it does, for the model.
     pub description: String,
+    /// The JSON Schema of its arguments.
     pub parameters: Value,
 }
 
@@ -705,11 +809,15 @@ pub struct ToolSchema {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RequestHeader {
+    /// The call configuration.
     pub config: LlmCallConfig,
+    /// Which of its fields the provider filled in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adapter_defaults: Option<AdapterDefaults>,
+    /// The system prompt (absent when empty, in canonical form).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<String>,
+    /// The tools offered (absent when none, in canonical form).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<ToolSchema>>,
 }
@@ -736,10 +844,14 @@ impl RequestHeader {
 /// One request attempt as handed to a `Provider`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlmRequest {
+    /// The call configuration.
     pub config: LlmCallConfig,
+    /// The system prompt, if any.
     pub system: Option<String>,
+    /// The tools offered.
     pub tools: Vec<ToolSchema>,
     /// The model-visible history, derived from the session surface. Shared with the session's cache.
     pub messages: Vec<Arc<Message>>,
+    /// The session the request is made for, if any (the simulator mixes it into its seed).
     pub session_id: Option<SessionId>,
 }
