@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::llm::provider::{ChunkStream, Provider};
 use crate::llm::types::{
     BlockType, ContentBlock, FinishReason, LlmFailure, LlmRequest, Role, StreamChunk, TokenUsage,
-    ToolSchema, codes,
+    codes,
 };
 
 /// The largest reply length accepted, in tokens.
@@ -762,16 +762,11 @@ fn gen_value(schema: &Value, rng: &mut SplitMix64, depth: usize) -> Value {
     }
 }
 
-/// Arguments for `tool` as the simulator would generate them from `seed` (for demo tools and tests).
-pub fn sample_arguments(tool: &ToolSchema, seed: u64) -> Value {
-    generate_arguments(&tool.parameters, &mut SplitMix64(seed))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ids::{MessageId, SessionId};
-    use crate::llm::types::{LlmCallConfig, Message, MessageSource};
+    use crate::llm::types::{LlmCallConfig, Message, MessageSource, ToolSchema};
     use futures::StreamExt;
     use serde_json::json;
     use std::sync::Arc;
