@@ -266,7 +266,11 @@ impl Run {
             .client
             .post(self.inner.endpoint.url().clone())
             .headers(headers);
-        let send = self.authorize(post)?.body(body).send();
+        let send = self
+            .authorize(post)
+            .map_err(error_finish)?
+            .body(body)
+            .send();
         let response = match self.wait(send).await {
             Wait::Cancelled => return Err(aborted_finish()),
             Wait::Idle => return Err(self.idle_finish("response headers")),
@@ -308,32 +312,32 @@ impl Run {
     /// them.
     ///
     /// # Errors
-    /// The finish chunk `MISSING_CREDENTIAL` when there is neither, `INVALID_CREDENTIAL` when the
-    /// key cannot be put in a header.
+    /// `MISSING_CREDENTIAL` when there is neither, `INVALID_CREDENTIAL` when the key cannot be put
+    /// in a header.
     fn authorize(
         &self,
         post: reqwest::RequestBuilder,
-    ) -> Result<reqwest::RequestBuilder, StreamChunk> {
+    ) -> Result<reqwest::RequestBuilder, LlmFailure> {
         let config = &self.inner.config;
         if let Some(credentials) = self.inner.endpoint.credentials() {
             return Ok(post.basic_auth(&credentials.username, credentials.password.as_ref()));
         }
         let Some(key) = &config.api_key else {
-            return Err(error_finish(LlmFailure::new(
+            return Err(LlmFailure::new(
                 codes::MISSING_CREDENTIAL,
                 format!(
                     "no API key for provider route {:?}; export DEEPSEEK_API_KEY or OPENAI_API_KEY, \
                      or set api_key in the provider configuration",
                     config.route
                 ),
-            )));
+            ));
         };
         let mut bearer =
             HeaderValue::from_str(&format!("Bearer {}", key.expose())).map_err(|_| {
-                error_finish(LlmFailure::new(
+                LlmFailure::new(
                     codes::INVALID_CREDENTIAL,
                     "the API key cannot be carried in an HTTP header",
-                ))
+                )
             })?;
         bearer.set_sensitive(true);
         Ok(post.header(header::AUTHORIZATION, bearer))
