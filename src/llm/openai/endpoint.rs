@@ -149,11 +149,14 @@ fn take_credentials(url: &mut Url) -> Result<Option<BasicCredentials>, String> {
     Ok(Some(credentials))
 }
 
-/// Whether `base_url` carries userinfo (credentials for HTTP Basic authorization). Textual, as
-/// `redact_userinfo`, so a URL that does not parse but has userinfo still counts: its caller then
-/// reports the URL's error rather than a missing key.
+/// Whether `base_url` carries userinfo (credentials for HTTP Basic authorization). A URL that does
+/// not parse is judged textually, as `redact_userinfo` does, so one with userinfo still counts: its
+/// caller then reports the URL's error rather than a missing key.
 pub(crate) fn has_userinfo(base_url: &str) -> bool {
-    matches!(redact_userinfo(base_url), Cow::Owned(_))
+    match Url::parse(base_url) {
+        Ok(url) => !url.username().is_empty() || url.password().is_some(),
+        Err(_) => matches!(redact_userinfo(base_url), Cow::Owned(_)),
+    }
 }
 
 /// `raw` with the userinfo of its authority replaced by `<redacted>@`, found textually so it works
@@ -270,6 +273,11 @@ mod tests {
         assert!(!has_userinfo("http://h/"));
         assert!(!has_userinfo("not a url"));
         assert!(has_userinfo("http://a:b@h:99999/"));
+        assert!(
+            !has_userinfo("http://@h/"),
+            "an empty userinfo is no credential"
+        );
+        assert!(parse("http://@h/").credentials().is_none());
     }
 
     #[test]
