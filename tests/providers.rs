@@ -1,7 +1,8 @@
 //! Provider conformance: the `openai` provider against a real HTTP server on 127.0.0.1
 //! (`support::fake_server`), the §7.6 reference behaviours and §9.29 adapter cases, byte-boundary
-//! splitting of every valid stream, the API-key canary, the provider registry, and an opt-in live
-//! DeepSeek round trip.
+//! splitting of every valid stream, the API-key canary, base URLs with a query or with userinfo
+//! (sent as HTTP Basic, shown nowhere: not in chunks, errors, TRACE logs or session events), the
+//! provider registry, and an opt-in live DeepSeek round trip.
 //!
 //! Every scenario is an `async fn` that asserts exact chunks and returns what it saw, so the canary
 //! test can run the whole catalogue again under a TRACE-level log capture and search everything for
