@@ -129,15 +129,17 @@ fn build_provider(config: &Config, script: Option<&Path>) -> Result<Built, CliEr
                 StartupKey::Invalid(reason) => {
                     return Err(CliError::Usage(format!("openai: {reason}")));
                 }
-                StartupKey::Unset => {
-                    return Err(CliError::Usage(
-                        "no API key: set DEEPSEEK_API_KEY or OPENAI_API_KEY, or try --provider sim"
-                            .into(),
-                    ));
-                }
+                StartupKey::Unset => None,
             };
             if let Some(url) = &config.base_url {
                 oc.base_url = url.clone();
+            }
+            // A base URL with userinfo carries its own credential (sent as HTTP Basic).
+            if !oc.has_credential() {
+                return Err(CliError::Usage(
+                    "no API key: set DEEPSEEK_API_KEY or OPENAI_API_KEY, or try --provider sim"
+                        .into(),
+                ));
             }
             if let Some(model) = &config.model {
                 oc.model = model.clone();
