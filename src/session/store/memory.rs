@@ -25,7 +25,7 @@ use bytes::Bytes;
 use crate::ids::SessionId;
 use crate::limits::Limits;
 use crate::session::event::{Event, SessionHeader};
-use crate::session::store::scan::{RowRef, Scanned, Scanner, check_batch};
+use crate::session::store::scan::{Damage, RowRef, Scanned, Scanner, check_batch};
 use crate::session::store::{
     EncodedEvent, Inspection, LoadedSession, SessionStore, SessionSummary, StoreError,
 };
@@ -213,7 +213,7 @@ impl MemoryStore {
             let rows: Vec<Row> = session.rows.iter().take(n_rows_max).cloned().collect();
             (session.header.clone(), rows)
         };
-        let mut scanner = Scanner::new(id.clone(), &self.limits);
+        let mut scanner = Scanner::new(id.clone(), &self.limits, Damage::TornTail);
         for row in &rows {
             let too_long = row.json.len() > self.limits.event_bytes_max;
             scanner.push(RowRef {

@@ -331,7 +331,7 @@ fn run_checkpoint(shared: &Shared, db: Option<Db>) -> Option<Db> {
     let started = Instant::now();
     let db = match db {
         Some(db) => db,
-        None => match super::open_checkpointer(&shared.db_path, shared.vfs.as_ref()) {
+        None => match super::open::open_checkpointer(&shared.db_path, shared.vfs.as_ref()) {
             Ok(db) => db,
             Err(e) => {
                 shared.poison(format!(
