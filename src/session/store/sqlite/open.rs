@@ -424,3 +424,55 @@ impl SqliteStore {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The connections of a read-only store are opened read-only by SQLite itself
+    /// (`SQLITE_OPEN_READ_ONLY`), not merely asked not to write (`PRAGMA query_only`, which any
+    /// statement can turn off): a write through one fails even after `query_only` is switched off.
+    #[tokio::test]
+    async fn a_read_only_store_connection_cannot_write() {
+        let dir = tempfile::tempdir().unwrap();
+        SqliteStore::open(dir.path(), SqliteConfig::default())
+            .unwrap()
+            .close()
+            .await
+            .unwrap();
+        let store = SqliteStore::open_read_only(dir.path(), SqliteConfig::default()).unwrap();
+        let db = store.shared.take_reader().unwrap();
+        assert_eq!(db.is_readonly(rusqlite::MAIN_DB), Ok(true));
+        db.pragma_update(None, "query_only", false).unwrap();
+        let err = db.execute_batch("CREATE TABLE intruder (x)").unwrap_err();
+        assert_eq!(
+            err.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::ReadOnly),
+            "{err}"
+        );
+        drop(db);
+        store.close().await.unwrap();
+    }
+
+    /// The mode follows the files beside the database.
+    #[test]
+    fn the_read_only_mode_follows_the_files_beside_the_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join(DB_FILE_NAME);
+        std::fs::write(&db, b"").unwrap();
+        assert_eq!(ReadOnlyMode::probe(&db), ReadOnlyMode::Immutable);
+        std::fs::write(dir.path().join("sessions.sqlite3-wal"), b"").unwrap();
+        assert_eq!(ReadOnlyMode::probe(&db), ReadOnlyMode::WalWithoutIndex);
+        std::fs::write(dir.path().join("sessions.sqlite3-shm"), b"").unwrap();
+        assert_eq!(ReadOnlyMode::probe(&db), ReadOnlyMode::Wal);
+    }
+
+    /// Characters SQLite would read as URI syntax stay part of the path.
+    #[test]
+    fn a_file_uri_escapes_what_is_not_path() {
+        assert_eq!(
+            file_uri(Path::new("/tmp/a b/50%?#/db"), "mode=ro"),
+            "file:/tmp/a%20b/50%25%3F%23/db?mode=ro"
+        );
+    }
+}
