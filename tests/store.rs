@@ -502,7 +502,11 @@ async fn a_damaged_row_after_the_last_turn_end_is_corruption_and_nothing_is_dele
     raw_execute(
         &db,
         "INSERT INTO events (session_id, seq, kind, json) VALUES (?1, ?2, 'assistant/chunk', ?3)",
-        rusqlite::params![id.as_str(), damaged_at, r#"{"type":"assistant/chunk","seq":"#],
+        rusqlite::params![
+            id.as_str(),
+            damaged_at,
+            r#"{"type":"assistant/chunk","seq":"#
+        ],
     );
     raw_execute(
         &db,
@@ -1522,7 +1526,10 @@ async fn a_read_only_open_leaves_a_crashed_store_byte_identical() {
         assert_eq!(to_json(&inspection.events), to_json(writer.events()));
         reader.close().await.unwrap();
         drop(reader);
-        assert!(files(crashed.path()) == before, "a read-only open changed the files");
+        assert!(
+            files(crashed.path()) == before,
+            "a read-only open changed the files"
+        );
     }
 }
 
@@ -1546,7 +1553,10 @@ async fn a_read_only_open_of_a_clean_store_creates_no_file() {
     );
     reader.close().await.unwrap();
     drop(reader);
-    assert!(files(dir.path()) == before, "a read-only open changed the files");
+    assert!(
+        files(dir.path()) == before,
+        "a read-only open changed the files"
+    );
 }
 
 /// One damaged page — the leaf holding the last rows of the session written last — costs only that
@@ -1586,7 +1596,11 @@ async fn one_damaged_page_costs_only_the_session_on_it() {
 
     let store = open(dir.path());
     let survey = store.survey().await.unwrap();
-    let listed: Vec<&str> = survey.sessions.iter().map(|s| s.header.id.as_str()).collect();
+    let listed: Vec<&str> = survey
+        .sessions
+        .iter()
+        .map(|s| s.header.id.as_str())
+        .collect();
     assert_eq!(listed, ["first", "second"]);
     assert_eq!(survey.damaged.len(), 1, "{:?}", survey.damaged);
     assert_eq!(survey.damaged[0].id, "damaged");

@@ -199,7 +199,10 @@ fn damaged() -> (Sandbox, Vec<u64>) {
     let mut out = Vec::with_capacity(bytes.len());
     let mut rest = bytes.as_slice();
     let mut n_found = 0;
-    while let Some(at) = rest.windows(MARKER.len()).position(|w| w == MARKER.as_bytes()) {
+    while let Some(at) = rest
+        .windows(MARKER.len())
+        .position(|w| w == MARKER.as_bytes())
+    {
         out.extend_from_slice(&rest[..at]);
         out.push(b'"');
         out.extend(std::iter::repeat_n(b'x', MARKER.len() - 1));
@@ -207,7 +210,11 @@ fn damaged() -> (Sandbox, Vec<u64>) {
         n_found += 1;
     }
     out.extend_from_slice(rest);
-    assert_eq!(n_found, seqs.len(), "the marker is in the database file once per row");
+    assert_eq!(
+        n_found,
+        seqs.len(),
+        "the marker is in the database file once per row"
+    );
     std::fs::write(&db, out).expect("write the database");
     (sb, seqs)
 }

@@ -470,7 +470,11 @@ mod tests {
         );
         let rows: Vec<String> = (0..40).map(|i| format!("bad{i}")).collect();
         let mut all = vec![row(0, "turn/start", T1)];
-        all.extend(rows.iter().enumerate().map(|(i, j)| row(i as u64 + 1, "turn/end", j)));
+        all.extend(
+            rows.iter()
+                .enumerate()
+                .map(|(i, j)| row(i as u64 + 1, "turn/end", j)),
+        );
         let err = scan_strict(&all).unwrap_err().to_string();
         assert!(
             err.contains("40 damaged rows (seq 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 and 24 more)"),

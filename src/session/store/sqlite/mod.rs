@@ -41,7 +41,6 @@
 //! Fault injection: with `SqliteConfig::fault_injection` every connection goes through the VFS in
 //! `sqlite/vfs.rs`, and `SqliteStore::faults` makes SQLite's own `xSync` fail or wait.
 
-
 mod open;
 mod read;
 #[cfg(feature = "fault-injection")]
@@ -481,14 +480,21 @@ impl SqliteStore {
     /// # Errors
     /// `Closed`; `Io` when the session table cannot be read at all.
     pub async fn survey(&self) -> Result<Survey, StoreError> {
-        let mut survey = self.read("list", |conn, _| read::list_sessions(conn)).await?;
+        let mut survey = self
+            .read("list", |conn, _| read::list_sessions(conn))
+            .await?;
         let sessions = self.shared.sessions();
         survey
             .sessions
             .retain(|s| !matches!(sessions.slots.get(&s.header.id), Some(Slot::Deleted)));
-        survey
-            .damaged
-            .retain(|d| !matches!(SessionId::new(&d.id).ok().and_then(|id| sessions.slots.get(&id)), Some(Slot::Deleted)));
+        survey.damaged.retain(|d| {
+            !matches!(
+                SessionId::new(&d.id)
+                    .ok()
+                    .and_then(|id| sessions.slots.get(&id)),
+                Some(Slot::Deleted)
+            )
+        });
         Ok(survey)
     }
 

@@ -15,8 +15,8 @@ use tracing::debug;
 
 use super::writer::{Writer, run_writer};
 use super::{
-    Counters, DB_FILE_NAME, Db, LOCK_FILE_NAME, Sessions, Shared, SqliteConfig, SqliteStore, Vfs, vfs_name,
-    io_error, sql_error,
+    Counters, DB_FILE_NAME, Db, LOCK_FILE_NAME, Sessions, Shared, SqliteConfig, SqliteStore, Vfs,
+    io_error, sql_error, vfs_name,
 };
 use crate::session::store::StoreError;
 

@@ -73,7 +73,10 @@ impl SqliteStore {
 
     /// Reads and scans a session (no writes). A session only registered (nothing stored yet) scans
     /// as an empty log.
-    pub(super) async fn scan(&self, id: &SessionId) -> Result<(SessionHeader, Scanned), StoreError> {
+    pub(super) async fn scan(
+        &self,
+        id: &SessionId,
+    ) -> Result<(SessionHeader, Scanned), StoreError> {
         self.touch(id).await?;
         let header = {
             let sessions = self.shared.sessions();
@@ -255,9 +258,12 @@ fn summarize(
         id: id.clone(),
         reason,
     };
-    let header_json: String = row
-        .get(1)
-        .map_err(|e| damaged(format!("its header cannot be read: {}", super::describe(&e))))?;
+    let header_json: String = row.get(1).map_err(|e| {
+        damaged(format!(
+            "its header cannot be read: {}",
+            super::describe(&e)
+        ))
+    })?;
     let header: SessionHeader = serde_json::from_str(&header_json)
         .map_err(|e| damaged(format!("its stored header is invalid: {e}")))?;
     let tail: Option<(i64, String)> = last

@@ -17,7 +17,9 @@
 //! refuses anything else, so corruption is never disguised as legacy data. Storage is never rewritten:
 //! a converted log is only converted in memory (and written in the current shape if exported again).
 //!
-//! Who calls this: `session::store::jsonl::import`, and any store that reads logs of the original.
+//! Who calls this: only the JSON-lines import and export beside it (`jsonl/mod.rs`). The SQLite and
+//! memory stores never hold these shapes: they store events in the current shape, written by this
+//! runtime, and an imported log is converted before it reaches them.
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
@@ -114,10 +116,7 @@ fn has_only_keys(map: &Map<String, Value>, required: &[&str], optional: &[&str])
 /// integers, an empty or non-string payload array, `dt` entries that are not safe integers or a `dt`
 /// whose length is not members − 1, or member seqs or times that leave the safe-integer range.
 pub fn decode_row(tag: RowTag, row: &Map<String, Value>) -> Result<Vec<Event>, LegacyError> {
-    let bad = |reason: &str| LegacyError::MalformedRow {
-        tag: tag.as_str(),
-        reason: reason.to_string(),
-    };
+    let bad = |reason: &str| malformed(tag, reason);
     if !has_exact_keys(row, &["type", "seq0", "time0", "data"]) {
         return Err(bad("envelope must be exactly {type, seq0, time0, data}"));
     }
@@ -133,28 +132,7 @@ pub fn decode_row(tag: RowTag, row: &Map<String, Value>) -> Result<Vec<Event>, L
     let Some(Value::Object(data)) = row.get("data") else {
         return Err(bad("data must be an object"));
     };
-    let payload_key = match tag {
-        RowTag::ToolCallChunks => {
-            let with_name =
-                has_exact_keys(data, &["turn", "step", "index", "id", "name", "dt", "args"]);
-            if !with_name && !has_exact_keys(data, &["turn", "step", "index", "id", "dt", "args"]) {
-                return Err(bad(
-                    "data must be exactly {turn, step, index, id, name?, dt, args}",
-                ));
-            }
-            let name_ok = !with_name || data.get("name").is_some_and(Value::is_string);
-            if !data.get("id").is_some_and(Value::is_string) || !name_ok {
-                return Err(bad("id (and name when present) must be strings"));
-            }
-            "args"
-        }
-        RowTag::TextChunks | RowTag::ReasoningChunks => {
-            if !has_exact_keys(data, &["turn", "step", "index", "dt", "texts"]) {
-                return Err(bad("data must be exactly {turn, step, index, dt, texts}"));
-            }
-            "texts"
-        }
-    };
+    let payload_key = payload_key(tag, data)?;
     let (Some(turn), Some(step), Some(index)) = (
         data.get("turn").and_then(Value::as_u64),
         data.get("step").and_then(Value::as_u64),
@@ -176,36 +154,12 @@ pub fn decode_row(tag: RowTag, row: &Map<String, Value>) -> Result<Vec<Event>, L
             )));
         }
     };
-    let dt: Vec<i64> = match data.get("dt") {
-        Some(Value::Array(gaps)) => gaps
-            .iter()
-            .map(safe_int)
-            .collect::<Option<Vec<i64>>>()
-            .ok_or_else(|| bad("dt must be an array of safe integers"))?,
-        _ => return Err(bad("dt must be an array of safe integers")),
-    };
-    if dt.len() + 1 != members.len() {
-        return Err(bad(&format!(
-            "dt length {} does not match {} members",
-            dt.len(),
-            members.len()
-        )));
-    }
+    let dt = member_gaps(tag, data.get("dt"), members.len())?;
     // `members.len() - 1` cannot overflow: `members` is non-empty.
     if !is_safe(seq0.saturating_add(members.len() as i64 - 1)) {
         return Err(bad("member seqs must stay safe integers"));
     }
-    let mut times = Vec::with_capacity(members.len());
-    let mut time = time0;
-    times.push(time);
-    for gap in &dt {
-        // Both operands are within ±2^53, so the i64 sum cannot overflow.
-        time += gap;
-        if !is_safe(time) {
-            return Err(bad("member times must stay safe integers"));
-        }
-        times.push(time);
-    }
+    let times = member_times(tag, time0, &dt)?;
     let id = data.get("id").and_then(Value::as_str);
     let name = data.get("name").and_then(Value::as_str);
     let seq0 = seq0.unsigned_abs();
@@ -240,6 +194,84 @@ pub fn decode_row(tag: RowTag, row: &Map<String, Value>) -> Result<Vec<Event>, L
             }
         })
         .collect())
+}
+
+/// A row of kind `tag` refused for `reason`.
+fn malformed(tag: RowTag, reason: &str) -> LegacyError {
+    LegacyError::MalformedRow {
+        tag: tag.as_str(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Checks a row's `data` key set against its tag; returns the key of its payload array (`args` for
+/// tool-call rows, `texts` for text and reasoning rows).
+fn payload_key(tag: RowTag, data: &Map<String, Value>) -> Result<&'static str, LegacyError> {
+    let bad = |reason: &str| malformed(tag, reason);
+    match tag {
+        RowTag::ToolCallChunks => {
+            let with_name =
+                has_exact_keys(data, &["turn", "step", "index", "id", "name", "dt", "args"]);
+            if !with_name && !has_exact_keys(data, &["turn", "step", "index", "id", "dt", "args"]) {
+                return Err(bad(
+                    "data must be exactly {turn, step, index, id, name?, dt, args}",
+                ));
+            }
+            let name_ok = !with_name || data.get("name").is_some_and(Value::is_string);
+            if !data.get("id").is_some_and(Value::is_string) || !name_ok {
+                return Err(bad("id (and name when present) must be strings"));
+            }
+            Ok("args")
+        }
+        RowTag::TextChunks | RowTag::ReasoningChunks => {
+            if !has_exact_keys(data, &["turn", "step", "index", "dt", "texts"]) {
+                return Err(bad("data must be exactly {turn, step, index, dt, texts}"));
+            }
+            Ok("texts")
+        }
+    }
+}
+
+/// The `dt` gaps between the times of a row's `n_members` members.
+///
+/// # Errors
+/// `MalformedRow` when `dt` is not an array of safe integers or does not hold `n_members - 1` gaps.
+fn member_gaps(tag: RowTag, dt: Option<&Value>, n_members: usize) -> Result<Vec<i64>, LegacyError> {
+    let bad = |reason: &str| malformed(tag, reason);
+    let dt: Vec<i64> = match dt {
+        Some(Value::Array(gaps)) => gaps
+            .iter()
+            .map(safe_int)
+            .collect::<Option<Vec<i64>>>()
+            .ok_or_else(|| bad("dt must be an array of safe integers"))?,
+        _ => return Err(bad("dt must be an array of safe integers")),
+    };
+    if dt.len() + 1 != n_members {
+        return Err(bad(&format!(
+            "dt length {} does not match {n_members} members",
+            dt.len()
+        )));
+    }
+    Ok(dt)
+}
+
+/// The time of each member: `time0`, then each previous time plus its gap.
+///
+/// # Errors
+/// `MalformedRow` when a time leaves the safe-integer range.
+fn member_times(tag: RowTag, time0: i64, dt: &[i64]) -> Result<Vec<i64>, LegacyError> {
+    let mut times = Vec::with_capacity(dt.len() + 1);
+    let mut time = time0;
+    times.push(time);
+    for gap in dt {
+        // Both operands are within ±2^53, so the i64 sum cannot overflow.
+        time += gap;
+        if !is_safe(time) {
+            return Err(malformed(tag, "member times must stay safe integers"));
+        }
+        times.push(time);
+    }
+    Ok(times)
 }
 
 /// One line of a packed log: an event verbatim, or a run of delta chunks packed into a row.
