@@ -17,7 +17,9 @@ use crate::session::repair::TOOL_NOT_STARTED;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invariant violated at seq {seq}: {reason}")]
 pub struct Violation {
+    /// The seq of the event that breaks the rule.
     pub seq: u64,
+    /// The rule, and how it is broken.
     pub reason: String,
 }
 
@@ -34,6 +36,7 @@ pub struct Tracker {
 }
 
 impl Tracker {
+    /// The trace of an empty log: no turn open, turn 1 next.
     pub fn new() -> Tracker {
         Tracker {
             next_turn: 1,

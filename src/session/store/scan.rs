@@ -26,7 +26,8 @@
 //! contiguous and each record fits `Limits::event_bytes_max` (so that nothing is written that a load
 //! would refuse).
 //!
-//! Called by `sqlite.rs` and `memory.rs` (`append`, `load` and `inspect`).
+//! Called by `sqlite/` (with `Damage::Corrupt`) and `memory.rs` (with `Damage::TornTail`), in
+//! `append`, `load` and `inspect`.
 
 use crate::ids::SessionId;
 use crate::limits::Limits;

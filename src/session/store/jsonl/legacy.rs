@@ -39,29 +39,58 @@ pub const MIN_RUN: usize = 3;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LegacyError {
+    /// A packed chunk row breaks a rule of its shape.
     #[error("malformed {tag} storage row: {reason}")]
-    MalformedRow { tag: &'static str, reason: String },
+    MalformedRow {
+        /// The row's tag (`text-chunks`, …).
+        tag: &'static str,
+        /// The first rule it breaks.
+        reason: String,
+    },
+    /// An event of a type the original retired (`request/header-delta`, `mode/set`).
     #[error("seq {seq}: unsupported legacy {kind} event")]
-    RetiredType { seq: u64, kind: String },
+    RetiredType {
+        /// The event's seq.
+        seq: u64,
+        /// Its type.
+        kind: String,
+    },
+    /// A `request/header` with the retired reason `fallback`.
     #[error("seq {seq}: unsupported legacy request/header reason \"fallback\"")]
-    FallbackReason { seq: u64 },
+    FallbackReason {
+        /// The event's seq.
+        seq: u64,
+    },
+    /// An old shape that is not exactly the shape the original wrote.
     #[error("seq {seq}: malformed pre-react-loop {kind}: {reason}")]
     Malformed {
+        /// The event's seq.
         seq: u64,
+        /// Its type.
         kind: &'static str,
+        /// The rule of the old shape it breaks.
         reason: &'static str,
     },
     #[error(
         "seq {seq}: a pre-identity tool/result replacement targets seq {target}, which carries no message id to inherit"
     )]
-    NoInheritedId { seq: u64, target: u64 },
+    /// A pre-identity replacement result whose target carries no message id to inherit.
+    NoInheritedId {
+        /// The replacement's seq.
+        seq: u64,
+        /// The seq it replaces.
+        target: u64,
+    },
 }
 
 /// The three storage-row tags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RowTag {
+    /// `text-chunks`: text deltas of one block.
     TextChunks,
+    /// `reasoning-chunks`: reasoning deltas of one block.
     ReasoningChunks,
+    /// `tool-call-chunks`: argument deltas of one tool call.
     ToolCallChunks,
 }
 
@@ -76,6 +105,7 @@ impl RowTag {
         }
     }
 
+    /// The tag as written in a row's `type`.
     pub fn as_str(self) -> &'static str {
         match self {
             RowTag::TextChunks => "text-chunks",
@@ -277,7 +307,9 @@ fn member_times(tag: RowTag, time0: i64, dt: &[i64]) -> Result<Vec<i64>, LegacyE
 /// One line of a packed log: an event verbatim, or a run of delta chunks packed into a row.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StorageRecord<'a> {
+    /// An event, written as it is.
     Event(&'a Event),
+    /// A run of delta chunks, written as one row.
     Row(ChunkRow),
 }
 
@@ -287,11 +319,17 @@ pub enum StorageRecord<'a> {
 /// than the member count; every member seq and time is a safe integer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChunkRow {
+    /// Which kind of delta the row packs.
     pub tag: RowTag,
+    /// The seq of the first member.
     pub seq0: u64,
+    /// The time of the first member.
     pub time0: i64,
+    /// The turn of every member.
     pub turn: u64,
+    /// The step of every member.
     pub step: u64,
+    /// The content block index of every member.
     pub index: u32,
     /// Milliseconds between consecutive members (may be negative: clocks step back).
     pub dt: Vec<i64>,

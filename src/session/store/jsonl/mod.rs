@@ -53,6 +53,7 @@ pub struct ImportOptions {
 /// A session read from JSON lines: validated, in the current shape.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Imported {
+    /// The header line, with `ImportOptions` applied.
     pub header: SessionHeader,
     /// Contiguous from seq 0; valid for `Session::from_events` and `invariant::check`. The last turn
     /// may be open.
@@ -79,50 +80,97 @@ pub struct TornTail {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ImportError {
+    /// The input could not be read.
     #[error("reading line {line} failed: {cause}")]
-    Read { line: usize, cause: String },
+    Read {
+        /// The line being read (1-based; the header is line 1).
+        line: usize,
+        /// The I/O error.
+        cause: String,
+    },
+    /// There is no header line.
     #[error("the input is empty: a log starts with a session header line")]
     Empty,
+    /// The header line is torn, too long or invalid.
     #[error("line 1: {reason}")]
-    Header { reason: String },
+    Header {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The log is in a format version other than v0.
     #[error("line 1: the log uses format v{version}, but this build reads only v0: {}", version_hint(*.version))]
-    UnsupportedVersion { version: i64 },
+    UnsupportedVersion {
+        /// The header's version.
+        version: i64,
+    },
+    /// A record of a type this build does not know, not marked ignorable.
     #[error(
         "line {line} (seq {seq}): event type {kind:?} is unknown to this build and not marked ignorable; refusing to interpret the log"
     )]
-    UnknownType { line: usize, seq: u64, kind: String },
+    UnknownType {
+        /// The record's line.
+        line: usize,
+        /// Its seq.
+        seq: u64,
+        /// Its type.
+        kind: String,
+    },
+    /// An old shape that cannot be converted.
     #[error("line {line}: {source}")]
     Legacy {
+        /// The record's line.
         line: usize,
+        /// Why it cannot be converted.
         #[source]
         source: LegacyError,
     },
+    /// A readable record that is not a valid event.
     #[error("line {line} (seq {seq}): {reason}")]
     Invalid {
+        /// The record's line.
         line: usize,
+        /// Its seq.
         seq: u64,
+        /// Why it is not a valid event.
         reason: String,
     },
+    /// A damaged line before a committed `turn/end`: the committed log itself is damaged.
     #[error(
         "line {line}: {reason}; a turn/end follows at line {turn_end_line}, so the damage is inside the committed log"
     )]
     Corrupt {
+        /// The first damaged line.
         line: usize,
+        /// Why it could not be read.
         reason: String,
+        /// The line of the later `turn/end`.
         turn_end_line: usize,
     },
+    /// The log holds more than `Limits::session_events_max` events.
     #[error("line {line}: the log holds more than {events_max} events, the limit")]
-    TooManyEvents { line: usize, events_max: usize },
+    TooManyEvents {
+        /// The line that went over the limit.
+        line: usize,
+        /// The limit.
+        events_max: usize,
+    },
+    /// An event the log refuses (`Session::from_events`).
     #[error("line {line} (seq {seq}): {source}")]
     Rejected {
+        /// The event's line.
         line: usize,
+        /// Its seq.
         seq: u64,
+        /// Why the log refuses it.
         #[source]
         source: AppendError,
     },
+    /// The log breaks a relational invariant (`invariant::check`).
     #[error("line {line}: {source}")]
     Invariant {
+        /// The line of the first event that breaks it.
         line: usize,
+        /// The rule broken.
         #[source]
         source: Violation,
     },

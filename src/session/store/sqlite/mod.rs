@@ -32,14 +32,28 @@
 //! is off), on a connection of its own beside the commits, so that a failed checkpoint sync poisons
 //! too instead of being ignored by SQLite.
 //!
-//! The read path. `load`, `inspect`, `list` and `header` read through a small pool of read-only
-//! connections on the blocking pool (WAL lets them run beside the writer). `load` and `inspect` scan
-//! the rows with `scan::Scanner` (torn tail vs corruption, validation, closers); `load` then commits
-//! the repair — cut the torn tail, append the closers — through the same group commit, and returns only
-//! once it is durable.
+//! The read path (`sqlite/read.rs`). `load`, `inspect`, `list` and `header` read through a small
+//! pool of query-only connections on the blocking pool (WAL lets them run beside the writer). `load`
+//! and `inspect` scan the rows with `scan::Scanner` in `Damage::Corrupt` mode: SQLite cannot tear a
+//! committed transaction, so an unreadable row is damage to acknowledged input, never a torn tail —
+//! the session is refused as `Corrupt`, naming every damaged seq, and nothing is deleted. `load` then
+//! commits the repair (the closers of an open last turn) through the same group commit, and returns
+//! only once it is durable. `survey` (and `list`) read each session's summary on its own, so a damaged
+//! page costs only the sessions on it.
+//!
+//! Read-only stores (`open_read_only`, for the commands that only look) have no writer and take no
+//! lock; their connections are opened `SQLITE_OPEN_READ_ONLY` (`sqlite/open.rs`, `ReadOnlyMode`), so
+//! they never checkpoint or delete the `-wal` and `-shm` a crash left, and they read a store the user
+//! can only read.
+//!
+//! Files: `open.rs` (the directory, the lock, connections, schema), `read.rs` (reads, scans, listing),
+//! `writer.rs` (the writer task and its commit jobs), `vfs.rs` (fault injection).
 //!
 //! Fault injection: with `SqliteConfig::fault_injection` every connection goes through the VFS in
-//! `sqlite/vfs.rs`, and `SqliteStore::faults` makes SQLite's own `xSync` fail or wait.
+//! `sqlite/vfs.rs`, and `SqliteStore::faults` makes SQLite's own `xSync` fail or wait. The VFS is
+//! compiled only with the `fault-injection` cargo feature (enabled for this package's tests through
+//! its dev-dependency on itself; release builds leave it out); without it, asking for fault injection
+//! is an `Io` error at open.
 
 mod open;
 mod read;
@@ -97,7 +111,8 @@ pub struct SqliteConfig {
     /// 16 MiB.
     pub checkpoint_after_bytes: u64,
     /// Route every file operation through a wrapping VFS whose `xSync` tests can make fail or wait
-    /// (`SqliteStore::faults`). Off in production.
+    /// (`SqliteStore::faults`). Off in production; needs a build with the `fault-injection` feature
+    /// (`open` refuses it otherwise).
     pub fault_injection: bool,
 }
 

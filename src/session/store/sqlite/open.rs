@@ -370,7 +370,9 @@ impl SqliteStore {
 
     /// Opens an existing store in `dir` for reading only: no writer, no lock, so it works while
     /// another process owns the store (WAL lets readers run beside its writer). Every write —
-    /// including the repair a `load` would append — is refused; use `inspect` to read.
+    /// including the repair a `load` would append — is refused; use `inspect` to read. Its
+    /// connections are opened `SQLITE_OPEN_READ_ONLY` (`ReadOnlyMode`): they never checkpoint, never
+    /// delete the `-wal` and `-shm` a crash left, and work where the user can only read.
     ///
     /// # Errors
     /// `Io` when `dir` holds no store, or the file is not a dsh store of this schema version.

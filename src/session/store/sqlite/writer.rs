@@ -12,7 +12,7 @@
 //! one checkpoint runs at a time; a close waits for it. Running the commit under `spawn_blocking` rather than on a thread of our own keeps tokio's
 //! paused test clock from jumping while an fsync runs (STYLE §5, tokio#5115).
 //!
-//! What must stay true: requests reach this queue already validated and reserved (`sqlite.rs`), so a
+//! What must stay true: requests reach this queue already validated and reserved (`sqlite/mod.rs`), so a
 //! statement that fails here is a failure of the disk or the database, never of the caller: the
 //! whole group gets `Io`, the store is poisoned, and nothing is retried. A `Close` request stops the
 //! writer after everything queued before it; the connection (and the lock file) close before the
