@@ -697,9 +697,11 @@ impl SessionStore for SqliteStore {
                 }
             }
             permit.send(Request {
-                op: Op::Repair {
+                // The repair only appends the closers: SQLite's scan never finds a torn tail to cut
+                // (an unreadable row is `Corrupt`).
+                op: Op::Append {
                     id: id.clone(),
-                    cut_from: scanned.torn_tail.as_ref().map(|(seq, _)| *seq),
+                    materialize: None,
                     events: closers,
                 },
                 reply,
@@ -709,9 +711,6 @@ impl SessionStore for SqliteStore {
                 .counters
                 .n_requests_queued
                 .fetch_add(1, Ordering::SeqCst);
-        }
-        if let Some((seq, reason)) = &scanned.torn_tail {
-            warn!(session = %id, seq, %reason, "cutting a torn tail");
         }
         self.answer(answer).await?;
         let n_repaired = scanned.closers.len();
