@@ -3,6 +3,8 @@
 //!
 //! - after a crash, `check`, `sessions`, `show` and `export` read the acknowledged turns from the
 //!   `-wal` and leave every file of the data directory byte-identical;
+//! - they read a store the user can only read (run as `nobody` through `setpriv` when the tests run
+//!   as root, whom file permissions do not bind);
 //! - a damaged row is corruption: `check` names every damaged seq, `run` refuses to continue the
 //!   session and deletes nothing, `sessions` lists the readable sessions, names the damaged one on
 //!   stderr and exits 1.
@@ -61,6 +63,57 @@ impl Sandbox {
             }
         }
         let out = cmd.output().expect("dsh runs");
+        Run {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// `dsh ARGS` as a user who can only read the data directory: the directories are made 0555 and
+    /// the files 0444, and when the tests run as root (whom permission bits do not bind) `dsh` runs
+    /// as `nobody` through `setpriv`. The permissions are restored before this returns.
+    fn run_as_reader(&self, args: &[&str]) -> Run {
+        use std::os::unix::fs::PermissionsExt;
+        let set = |path: &Path, mode: u32| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+                .expect("set permissions");
+        };
+        let files: Vec<PathBuf> = std::fs::read_dir(self.data_dir())
+            .expect("a data directory")
+            .map(|e| e.expect("a directory entry").path())
+            .collect();
+        for f in &files {
+            set(f, 0o444);
+        }
+        set(&self.data_dir(), 0o555);
+        set(self.path(), 0o555);
+        let mut cmd = if rustix::process::geteuid().is_root() {
+            let mut cmd = Command::new("setpriv");
+            cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(env!("CARGO_BIN_EXE_dsh"));
+            cmd
+        } else {
+            Command::new(env!("CARGO_BIN_EXE_dsh"))
+        };
+        cmd.args(args)
+            .current_dir(self.path())
+            .env("NO_COLOR", "1")
+            .env("HOME", self.path())
+            .stdin(Stdio::null());
+        for (var, _) in std::env::vars_os() {
+            if var.to_string_lossy().starts_with("DSH_") || var == "OPENAI_API_KEY" {
+                cmd.env_remove(var);
+            }
+        }
+        let out = cmd
+            .output()
+            .expect("dsh runs (as nobody through setpriv, when root)");
+        set(self.path(), 0o700);
+        set(&self.data_dir(), 0o700);
+        for f in &files {
+            set(f, 0o600);
+        }
         Run {
             code: out.status.code(),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -184,6 +237,31 @@ fn read_commands_leave_a_crashed_store_byte_identical() {
     assert_eq!(r.code, Some(0), "{r:#?}");
     assert!(r.stdout.contains("Hi first!"), "{r:#?}");
     assert!(sb.snapshot() == before, "dsh export changed the store");
+}
+
+/// Every read command works on a store the user can only read, cleanly closed or left by a crash,
+/// and changes nothing. (Before, the read connection was opened read-write, and on a cleanly closed
+/// store SQLite refused it: "attempt to write a readonly database".)
+#[test]
+fn read_commands_work_on_a_store_the_user_can_only_read() {
+    let clean = Sandbox::new();
+    clean.converse("first", "hello first", "Hi first!");
+    for sb in [clean, crashed()] {
+        let before = sb.snapshot();
+        let r = sb.run_as_reader(&["sessions", "--json"]);
+        assert_eq!(r.code, Some(0), "{r:#?}");
+        assert!(r.stdout.starts_with(r#"{"id":"first","#), "{r:#?}");
+        let r = sb.run_as_reader(&["check", "first"]);
+        assert_eq!(r.code, Some(0), "{r:#?}");
+        assert!(r.stdout.starts_with("session first: valid, "), "{r:#?}");
+        let r = sb.run_as_reader(&["show", "first"]);
+        assert_eq!(r.code, Some(0), "{r:#?}");
+        assert!(r.stdout.contains("hello first"), "{r:#?}");
+        let r = sb.run_as_reader(&["export", "first"]);
+        assert_eq!(r.code, Some(0), "{r:#?}");
+        assert!(r.stdout.contains("Hi first!"), "{r:#?}");
+        assert!(sb.snapshot() == before, "a read command changed the store");
+    }
 }
 
 /// Two sessions; every row of `second` that holds the prompt is damaged in the database file (a
