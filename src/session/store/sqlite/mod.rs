@@ -210,13 +210,6 @@ type Vfs = Arc<vfs::FaultVfs>;
 #[cfg(not(feature = "fault-injection"))]
 enum Vfs {}
 
-#[cfg(not(feature = "fault-injection"))]
-impl Clone for Vfs {
-    fn clone(&self) -> Vfs {
-        match *self {}
-    }
-}
-
 /// The name a VFS is registered under, for `Connection::open_with_flags_and_vfs`.
 #[cfg(feature = "fault-injection")]
 fn vfs_name(vfs: &Vfs) -> &str {
@@ -234,7 +227,22 @@ struct Db {
     /// Invariant: `Some` until `Drop`.
     conn: Option<Connection>,
     /// Declared after `conn`: the VFS must outlive the connection (`sqlite/vfs.rs`).
+    #[cfg(feature = "fault-injection")]
     vfs: Option<Vfs>,
+}
+
+impl Db {
+    /// Wraps a connection opened through `vfs` (our fault VFS, if any), keeping it alive as long.
+    fn new(conn: Connection, vfs: Option<&Vfs>) -> Db {
+        // Without the feature there is no VFS of ours to keep (an `Option<Vfs>` is always `None`).
+        #[cfg(not(feature = "fault-injection"))]
+        let _ = vfs;
+        Db {
+            conn: Some(conn),
+            #[cfg(feature = "fault-injection")]
+            vfs: vfs.cloned(),
+        }
+    }
 }
 
 impl Deref for Db {
@@ -262,6 +270,7 @@ impl Drop for Db {
             warn!(error = %e, "closing a store connection failed; leaking it");
             // An unclosed handle may still refer to the VFS: keep both alive forever.
             std::mem::forget(conn);
+            #[cfg(feature = "fault-injection")]
             std::mem::forget(self.vfs.take());
         }
     }

@@ -52,10 +52,7 @@ pub(super) fn open_connection(path: &Path, vfs: Option<&Vfs>) -> rusqlite::Resul
         Some(v) => Connection::open_with_flags_and_vfs(path, flags, vfs_name(v))?,
         None => Connection::open_with_flags(path, flags)?,
     };
-    let db = Db {
-        conn: Some(conn),
-        vfs: vfs.cloned(),
-    };
+    let db = Db::new(conn, vfs);
     db.busy_timeout(std::time::Duration::from_millis(BUSY_TIMEOUT_MS))?;
     Ok(db)
 }
@@ -135,10 +132,7 @@ pub(super) fn open_read_only_connection(path: &Path) -> rusqlite::Result<Db> {
         | OpenFlags::SQLITE_OPEN_URI
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(file_uri(path, mode.query()), flags)?;
-    let db = Db {
-        conn: Some(conn),
-        vfs: None,
-    };
+    let db = Db::new(conn, None);
     db.busy_timeout(std::time::Duration::from_millis(BUSY_TIMEOUT_MS))?;
     Ok(db)
 }
