@@ -1,7 +1,9 @@
 //! Conformance tests of the session stores (`SqliteStore`, `MemoryStore`): durability of every
 //! acknowledged append under concurrency and under `SIGKILL`, group commit, poisoning after a failed
-//! fsync (injected into SQLite's own VFS), repair on load, torn tail vs corruption, typed errors, and
-//! a model-based property test that the SQLite store behaves exactly like the in-memory one.
+//! fsync (injected into SQLite's own VFS), repair on load, damage (in SQLite every unreadable row is
+//! corruption; the memory store keeps the torn-tail rule), read-only opens that leave a crashed store
+//! byte-identical, listing beside a damaged page, typed errors, and a model-based property test that
+//! the SQLite store behaves exactly like the in-memory one.
 //!
 //! The crash test re-invokes this test binary as a child (`crash_child_process_entry`, selected by an
 //! environment variable) and kills it at random moments.
