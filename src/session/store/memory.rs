@@ -2,7 +2,9 @@
 //!
 //! It keeps each event as the JSON its `EncodedEvent` carries and parses it again on `load`, through
 //! the same scanner as the SQLite store (`scan.rs`), so a test against it exercises the real codec,
-//! validation, torn-tail handling and repair. Nothing here is durable: an "acknowledged" append is
+//! validation, torn-tail handling and repair. It models a store whose last write can tear
+//! (`Damage::TornTail`: a damaged row with no committed `turn/end` after it is cut), unlike SQLite,
+//! where every unreadable row is corruption. Nothing here is durable: an "acknowledged" append is
 //! merely in the map.
 //!
 //! Fault injection for tests: `set_fail_appends(true)` makes every write (append or repair) fail with
