@@ -336,6 +336,7 @@ async fn hand_turn(
                     ignorable: false,
                     source_event_seqs: None,
                     surface_op: None,
+                    raw_data: None,
                 };
                 pending.push(EncodedEvent::encode(&e));
                 session.next_seq += 1;

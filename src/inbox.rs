@@ -676,6 +676,7 @@ mod tests {
             ignorable: false,
             source_event_seqs: None,
             surface_op: None,
+            raw_data: None,
         }
     }
 
@@ -816,7 +817,7 @@ mod tests {
             .expect("pending");
         assert_eq!(
             splice_json(&splice),
-            r#"{"target":"next-turn","start":0,"removedCount":1,"inserted":[{"id":"replacement","role":"user","content":[{"type":"text","text":"edited text"}],"source":{"kind":"user"}}],"outcome":"canceled"}"#
+            r#"{"target":"next-turn","start":0,"removedCount":1,"inserted":[{"content":[{"type":"text","text":"edited text"}],"source":{"kind":"user"},"role":"user","id":"replacement"}],"outcome":"canceled"}"#
         );
         apply_ok(&mut inbox, &splice);
         assert_eq!(inbox.next_turn().front(), Some(&same));

@@ -1362,6 +1362,7 @@ impl AgentCore {
                     ignorable: false,
                     source_event_seqs: None,
                     surface_op: None,
+                    raw_data: None,
                 });
                 *next_seq += 1;
                 seq

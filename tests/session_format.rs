@@ -847,6 +847,7 @@ proptest! {
                     ignorable: false,
                     source_event_seqs: None,
                     surface_op: None,
+                    raw_data: None,
                 });
             }
             map.push(widened.len() as u64);

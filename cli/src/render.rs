@@ -619,6 +619,7 @@ mod tests {
             ignorable: false,
             source_event_seqs: None,
             surface_op: None,
+            raw_data: None,
         };
         let mut live = Live::new(Style { color: false });
         let mut out = Vec::new();

@@ -242,6 +242,7 @@ mod tests {
                 ignorable: false,
                 source_event_seqs: None,
                 surface_op: None,
+                raw_data: None,
             })
             .collect();
         let e1 = expectation(json!({"type": "turn/start", "data": {"turn": 1}}));

@@ -93,6 +93,7 @@ mod tests {
                 ignorable: false,
                 source_event_seqs: None,
                 surface_op: None,
+                raw_data: None,
             });
             self
         }

@@ -80,7 +80,9 @@ pub fn is_surface_type(kind: &str) -> bool {
 }
 
 /// One entry of a session log.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Equality is that of what the runtime reads: `raw_data` (unknown keys, key order) does not count.
+#[derive(Clone, Debug)]
 pub struct Event {
     /// Position in the log. Invariant (enforced by `Session::append` and the loader): equals the number
     /// of events before it, so seqs are contiguous from 0.
@@ -95,6 +97,49 @@ pub struct Event {
     pub source_event_seqs: Option<Vec<u64>>,
     /// How the event changes the surface. Present exactly on surface types.
     pub surface_op: Option<SurfaceOp>,
+    /// The `data` exactly as it was read, kept only when writing the typed payload would give other
+    /// bytes: keys the runtime does not know (the original ignores and keeps them), keys in another
+    /// order, or tool names where schemas are now written. `None` for every event the runtime builds
+    /// (except repair closers, written in the original's order) and for every event read back in the
+    /// order we write. When present it is what is written, so such an event is copied byte for byte;
+    /// the typed `data` is always its reading. Boxed so the common event pays one pointer.
+    pub raw_data: Option<Box<RawData>>,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Event) -> bool {
+        self.seq == other.seq
+            && self.time == other.time
+            && self.data == other.data
+            && self.ignorable == other.ignorable
+            && self.source_event_seqs == other.source_event_seqs
+            && self.surface_op == other.surface_op
+    }
+}
+
+/// A payload's JSON text exactly as read (see `Event::raw_data`).
+#[derive(Clone, Debug)]
+pub struct RawData(Box<RawValue>);
+
+impl RawData {
+    /// Keeps `json`, which must be one JSON value.
+    ///
+    /// # Errors
+    /// When `json` is not one valid JSON value.
+    pub fn new(json: String) -> Result<RawData, serde_json::Error> {
+        RawValue::from_string(json).map(RawData)
+    }
+
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl PartialEq for RawData {
+    fn eq(&self, other: &RawData) -> bool {
+        self.get() == other.get()
+    }
 }
 
 impl Event {
@@ -288,7 +333,7 @@ pub enum SpliceOutcome {
 
 /// `agent/inbox/spliced`: one normalized splice of one pending queue.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct InboxSpliced {
     /// The queue spliced.
     pub target: InboxTarget,
@@ -314,7 +359,6 @@ pub struct InboxSpliced {
 
 /// `turn/start`
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TurnStart {
     /// The turn's number, from 1.
     pub turn: u64,
@@ -322,7 +366,6 @@ pub struct TurnStart {
 
 /// `turn/end`
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TurnEnd {
     /// The number of the turn that ended.
     pub turn: u64,
@@ -332,7 +375,7 @@ pub struct TurnEnd {
 
 /// Why a turn ended.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum TurnEndReason {
     /// The model finished without asking for more tools.
     Completed,
@@ -370,7 +413,7 @@ impl TurnEndReason {
 
 /// Why a turn was cancelled.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum CancelCause {
     /// The user cancelled (Ctrl-C, a cancel request).
     User,
@@ -389,7 +432,6 @@ pub enum CancelCause {
 
 /// `step/start` and `step/end`
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct StepRef {
     /// The turn the step belongs to.
     pub turn: u64,
@@ -411,7 +453,6 @@ pub enum HeaderReason {
 
 /// `request/header`
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RequestHeaderEvent {
     /// The header in force from this request on.
     pub header: RequestHeader,
@@ -421,7 +462,7 @@ pub struct RequestHeaderEvent {
 
 /// `request/context`: route capacity metadata, logged when it changes. Not part of reconstruction.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct RequestContext {
     /// The provider of the route.
     pub provider: String,
@@ -438,7 +479,6 @@ pub struct RequestContext {
 
 /// `assistant/chunk`: one raw stream chunk, in arrival order.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct AssistantChunk {
     /// The turn the chunk belongs to.
     pub turn: u64,
@@ -450,7 +490,6 @@ pub struct AssistantChunk {
 
 /// `assistant/message`: the assembled message of one successful (or interrupted) attempt.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct AssistantMessageEvent {
     /// The turn of the attempt.
     pub turn: u64,
@@ -476,7 +515,7 @@ pub struct AssistantMessageEvent {
 
 /// `tool/call`: a started (or synthetic never-started) tool invocation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ToolCallEvent {
     /// The turn of the call.
     pub turn: u64,
@@ -492,7 +531,6 @@ pub struct ToolCallEvent {
 
 /// Internal failure identity on a tool result (`{name, code}`), e.g. `AbortError/ABORTED`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ToolErrorInfo {
     /// The error class, e.g. `AbortError`.
     pub name: String,
@@ -502,7 +540,6 @@ pub struct ToolErrorInfo {
 
 /// `tool/result`
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ToolResultEvent {
     /// The turn of the call answered.
     pub turn: u64,
@@ -528,7 +565,7 @@ pub struct ToolResultEvent {
 
 /// `llm/retry`: a retry was scheduled inside the open step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct LlmRetry {
     /// Identifies this retry, shared with its `llm/retry-started`.
     pub retry_id: String,
@@ -559,7 +596,7 @@ pub struct LlmRetry {
 
 /// `llm/retry-started`: the scheduled retry's wait ended and the request is re-issued.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct LlmRetryStarted {
     /// The `retry_id` of the `llm/retry` that scheduled this retry.
     pub retry_id: String,
@@ -572,7 +609,6 @@ pub struct LlmRetryStarted {
 }
 
 #[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct EmptyPayload {}
 
 /// Deserializes an optional key that, when present, must hold a value: the format omits absent
@@ -593,22 +629,9 @@ impl Serialize for Event {
         m.serialize_entry("type", self.kind())?;
         m.serialize_entry("seq", &self.seq)?;
         m.serialize_entry("time", &self.time)?;
-        match &self.data {
-            EventData::InboxSpliced(d) => m.serialize_entry("data", d)?,
-            EventData::TurnStart(d) => m.serialize_entry("data", d)?,
-            EventData::TurnEnd(d) => m.serialize_entry("data", d)?,
-            EventData::StepStart(d) | EventData::StepEnd(d) => m.serialize_entry("data", d)?,
-            EventData::UserMessage(d) => m.serialize_entry("data", d)?,
-            EventData::RequestHeader(d) => m.serialize_entry("data", d)?,
-            EventData::RequestContext(d) => m.serialize_entry("data", d)?,
-            EventData::AssistantChunk(d) => m.serialize_entry("data", d)?,
-            EventData::AssistantMessage(d) => m.serialize_entry("data", d)?,
-            EventData::ToolCall(d) => m.serialize_entry("data", d)?,
-            EventData::ToolResult(d) => m.serialize_entry("data", d)?,
-            EventData::LlmRetry(d) => m.serialize_entry("data", d)?,
-            EventData::LlmRetryStarted(d) => m.serialize_entry("data", d)?,
-            EventData::SessionEndSeed => m.serialize_entry("data", &EmptyPayload {})?,
-            EventData::Other { data, .. } => m.serialize_entry("data", data)?,
+        match &self.raw_data {
+            Some(raw) => m.serialize_entry("data", &raw.0)?,
+            None => m.serialize_entry("data", &TypedData(&self.data))?,
         }
         if self.ignorable {
             m.serialize_entry("ignorable", &true)?;
@@ -621,6 +644,59 @@ impl Serialize for Event {
         }
         m.end()
     }
+}
+
+/// The typed payload of an event, serialized in the original's key order.
+struct TypedData<'a>(&'a EventData);
+
+impl Serialize for TypedData<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            EventData::InboxSpliced(d) => d.serialize(s),
+            EventData::TurnStart(d) => d.serialize(s),
+            EventData::TurnEnd(d) => d.serialize(s),
+            EventData::StepStart(d) | EventData::StepEnd(d) => d.serialize(s),
+            EventData::UserMessage(d) => d.serialize(s),
+            EventData::RequestHeader(d) => d.serialize(s),
+            EventData::RequestContext(d) => d.serialize(s),
+            EventData::AssistantChunk(d) => d.serialize(s),
+            EventData::AssistantMessage(d) => d.serialize(s),
+            EventData::ToolCall(d) => d.serialize(s),
+            EventData::ToolResult(d) => d.serialize(s),
+            EventData::LlmRetry(d) => d.serialize(s),
+            EventData::LlmRetryStarted(d) => d.serialize(s),
+            EventData::SessionEndSeed => EmptyPayload {}.serialize(s),
+            EventData::Other { data, .. } => data.serialize(s),
+        }
+    }
+}
+
+/// A `Write` that checks that what is written is exactly `expected`, failing at the first difference.
+struct SameBytes<'a> {
+    expected: &'a [u8],
+}
+
+impl std::io::Write for SameBytes<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self.expected.strip_prefix(buf) {
+            Some(rest) => {
+                self.expected = rest;
+                Ok(buf.len())
+            }
+            None => Err(std::io::ErrorKind::InvalidData.into()),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// True when serializing `data` gives exactly `raw`, so the raw text need not be kept.
+fn writes_as(data: &EventData, raw: &str) -> bool {
+    let mut same = SameBytes {
+        expected: raw.as_bytes(),
+    };
+    serde_json::to_writer(&mut same, &TypedData(data)).is_ok() && same.expected.is_empty()
 }
 
 /// Reads a typed payload, which must be a JSON object on the wire (serde's derived structs would
@@ -707,13 +783,6 @@ pub fn parse_data(kind: &str, data: &str, ignorable: bool) -> Result<EventData, 
     Ok(parsed)
 }
 
-/// The payload as it was found: parsed in place when the type came first (the order we and the
-/// original write), kept raw otherwise until the type is known.
-enum Pending<'a> {
-    Parsed(EventData),
-    Raw(&'a RawValue),
-}
-
 struct EventVisitor;
 
 impl<'de> serde::de::Visitor<'de> for EventVisitor {
@@ -724,20 +793,13 @@ impl<'de> serde::de::Visitor<'de> for EventVisitor {
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Event, A::Error> {
-        struct DataSeed<'k>(&'k str);
-        impl<'de> serde::de::DeserializeSeed<'de> for DataSeed<'_> {
-            type Value = EventData;
-            fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<EventData, D::Error> {
-                data_from(self.0, d)
-            }
-        }
         fn dup<E: serde::de::Error>(field: &'static str) -> E {
             E::duplicate_field(field)
         }
         let mut kind: Option<std::borrow::Cow<'de, str>> = None;
         let mut seq = None;
         let mut time = None;
-        let mut data: Option<Pending<'de>> = None;
+        let mut data: Option<&'de RawValue> = None;
         let mut ignorable: Option<bool> = None;
         let mut source_event_seqs: Option<Vec<u64>> = None;
         let mut surface_op: Option<SurfaceOp> = None;
@@ -750,12 +812,7 @@ impl<'de> serde::de::Visitor<'de> for EventVisitor {
                 "time" if time.is_some() => return Err(dup("time")),
                 "time" => time = Some(map.next_value::<i64>()?),
                 "data" if data.is_some() => return Err(dup("data")),
-                "data" => {
-                    data = Some(match &kind {
-                        Some(k) => Pending::Parsed(map.next_value_seed(DataSeed(k))?),
-                        None => Pending::Raw(map.next_value()?),
-                    });
-                }
+                "data" => data = Some(map.next_value::<&'de RawValue>()?),
                 "ignorable" if ignorable.is_some() => return Err(dup("ignorable")),
                 "ignorable" => ignorable = Some(map.next_value()?),
                 "sourceEventSeqs" if source_event_seqs.is_some() => {
@@ -788,15 +845,9 @@ impl<'de> serde::de::Visitor<'de> for EventVisitor {
             Some(true) => true,
             Some(false) => return Err(A::Error::custom("ignorable must be true when present")),
         };
-        let data = match data.ok_or_else(|| A::Error::missing_field("data"))? {
-            Pending::Parsed(data) => {
-                check_kept(&data, ignorable).map_err(A::Error::custom)?;
-                data
-            }
-            Pending::Raw(raw) => {
-                parse_data(&kind, raw.get(), ignorable).map_err(A::Error::custom)?
-            }
-        };
+        let raw = data.ok_or_else(|| A::Error::missing_field("data"))?;
+        let data = parse_data(&kind, raw.get(), ignorable).map_err(A::Error::custom)?;
+        let raw_data = (!writes_as(&data, raw.get())).then(|| Box::new(RawData(raw.to_owned())));
         Ok(Event {
             seq,
             time,
@@ -804,6 +855,7 @@ impl<'de> serde::de::Visitor<'de> for EventVisitor {
             ignorable,
             source_event_seqs,
             surface_op,
+            raw_data,
         })
     }
 }
@@ -885,6 +937,87 @@ impl SessionHeader {
 mod tests {
     use super::*;
 
+    /// Issue 14 item 4: keys the runtime does not know are kept in place, byte for byte, where the
+    /// original keeps them; known keys are still read strictly.
+    #[test]
+    fn unknown_payload_keys_are_kept_in_place() {
+        let lines = [
+            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1,"origin":"x"}}"#,
+            r#"{"type":"request/header","seq":1,"time":1,"data":{"header":{"config":{"provider":"p","model":"m","topP":0.5},"system":"s","tools":[{"name":"t","description":"d","parameters":{},"strict":true}],"messagePrefix":[]},"reason":"initial"}}"#,
+            r#"{"type":"user/message","seq":2,"time":1,"data":{"content":[{"type":"text","text":"hi","cache":true}],"meta":{"ui":1},"source":{"kind":"user"},"role":"user","id":"u"},"surfaceOp":"append"}"#,
+            r#"{"type":"tool/result","seq":3,"time":1,"data":{"turn":1,"step":1,"message":{"source":{"kind":"tool","callId":"c"},"content":[{"type":"tool-result","toolCallId":"c","content":[],"isError":false}],"role":"user","id":"r"},"elapsedMs":3},"surfaceOp":"append"}"#,
+            r#"{"type":"request/header","seq":4,"time":1,"data":{"header":{"config":{"provider":"p","model":"m"},"tools":["read","bash"]},"reason":"resume"}}"#,
+        ];
+        for line in lines {
+            let event = Event::from_json(line).unwrap();
+            assert!(event.raw_data.is_some(), "{line}");
+            assert_eq!(event.to_json(), line);
+        }
+        let header = Event::from_json(lines[1]).unwrap();
+        let EventData::RequestHeader(h) = &header.data else {
+            panic!("not a header");
+        };
+        assert_eq!(h.header.config.model, "m");
+        let names = Event::from_json(lines[4]).unwrap();
+        let EventData::RequestHeader(h) = &names.data else {
+            panic!("not a header");
+        };
+        let tools: Vec<&str> = h
+            .header
+            .tools
+            .iter()
+            .flatten()
+            .map(|t| t.name.as_str())
+            .collect();
+        assert_eq!(tools, ["read", "bash"]);
+        // A known key of the wrong type is still refused.
+        for bad in [
+            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":"1","origin":"x"}}"#,
+            r#"{"type":"request/header","seq":0,"time":1,"data":{"header":{"config":{"provider":"p","model":7}},"reason":"initial"}}"#,
+            r#"{"type":"user/message","seq":0,"time":1,"data":{"content":[{"type":"text","text":1}],"source":{"kind":"user"},"role":"user","id":"u","meta":1},"surfaceOp":"append"}"#,
+            r#"{"type":"request/header","seq":0,"time":1,"data":{"header":{"config":{"provider":"p","model":"m"},"tools":[7]},"reason":"initial"}}"#,
+        ] {
+            assert!(Event::from_json(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    /// Issue 14 item 5: the messages the runtime builds are written in the original's key order, so
+    /// reading them back keeps no raw copy.
+    #[test]
+    fn messages_are_written_in_the_originals_key_order() {
+        let user = Message::user_text(crate::ids::MessageId::new("u").unwrap(), "hi");
+        assert_eq!(
+            serde_json::to_string(&user).unwrap(),
+            r#"{"content":[{"type":"text","text":"hi"}],"source":{"kind":"user"},"role":"user","id":"u"}"#
+        );
+        let assistant = Message {
+            id: crate::ids::MessageId::new("a").unwrap(),
+            role: crate::llm::types::Role::Assistant,
+            content: vec![crate::llm::types::ContentBlock::text("ok")],
+            source: crate::llm::types::MessageSource::model("p", "m"),
+        };
+        assert_eq!(
+            serde_json::to_string(&assistant).unwrap(),
+            r#"{"role":"assistant","content":[{"type":"text","text":"ok"}],"source":{"kind":"model","provider":"p","model":"m"},"id":"a"}"#
+        );
+        let result = Message {
+            id: crate::ids::MessageId::new("r").unwrap(),
+            role: crate::llm::types::Role::User,
+            content: vec![crate::llm::types::ContentBlock::ToolResult {
+                tool_call_id: "c".into(),
+                content: vec![],
+                is_error: Some(false),
+            }],
+            source: crate::llm::types::MessageSource::tool("c"),
+        };
+        let line = format!(
+            r#"{{"type":"tool/result","seq":0,"time":1,"data":{{"turn":1,"step":1,"message":{}}},"surfaceOp":"append"}}"#,
+            serde_json::to_string(&result).unwrap()
+        );
+        assert!(line.contains(r#""message":{"source":{"kind":"tool","callId":"c"},"content":[{"type":"tool-result","toolCallId":"c","content":[],"isError":false}],"role":"user","id":"r"}"#));
+        assert!(Event::from_json(&line).unwrap().raw_data.is_none());
+    }
+
     #[test]
     fn envelope_round_trips_byte_for_byte() {
         let lines = [
@@ -911,7 +1044,6 @@ mod tests {
             r#"{"type":"turn/start","seq":0,"time":1}"#,
             r#"{"type":"turn/start","seq":0.5,"time":1,"data":{"turn":1}}"#,
             r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1},"ignorable":false}"#,
-            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1,"trigger":{}}}"#,
         ];
         for line in bad {
             assert!(Event::from_json(line).is_err(), "{line} accepted");

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use crate::ids::MessageId;
 use crate::llm::types::{ContentBlock, Message, MessageSource, Role};
 use crate::session::event::{
-    Event, EventData, StepRef, SurfaceOp, ToolErrorInfo, ToolResultEvent, TurnEnd, TurnEndReason,
+    Event, EventData, RawData, StepRef, SurfaceOp, ToolErrorInfo, ToolResultEvent, TurnEnd,
+    TurnEndReason,
 };
 
 /// `TOOL_NOT_STARTED`
@@ -76,6 +77,7 @@ pub fn interrupted_turn_closers(events: &[Event]) -> Vec<Event> {
             ignorable: false,
             source_event_seqs: None,
             surface_op: None,
+            raw_data: None,
         });
         seq += 1;
     }
@@ -89,6 +91,7 @@ pub fn interrupted_turn_closers(events: &[Event]) -> Vec<Event> {
         ignorable: false,
         source_event_seqs: None,
         surface_op: None,
+        raw_data: None,
     });
     out
 }
@@ -172,8 +175,28 @@ fn tool_result_closer(p: &Pending, turn: u64, seq: u64, time: i64) -> Event {
             None,
         ),
     };
+    let id = closer_message_id(&p.call_id, seq);
+    // The original builds the closer as an object literal whose keys come in this order (message
+    // `id, role, source, content`, block `type, toolCallId, isError, content`), unlike the messages
+    // of a live turn; kept as the written form so a repaired log is byte-identical to its own.
+    let written = serde_json::json!({
+        "turn": turn,
+        "step": p.step,
+        "message": {
+            "id": id.as_str(),
+            "role": "user",
+            "source": {"kind": "tool", "callId": p.call_id},
+            "content": [{
+                "type": "tool-result",
+                "toolCallId": p.call_id,
+                "isError": true,
+                "content": [{"type": "text", "text": text}],
+            }],
+        },
+        "error": {"name": name, "code": code},
+    });
     let message = Message {
-        id: closer_message_id(&p.call_id, seq),
+        id,
         role: Role::User,
         content: vec![ContentBlock::ToolResult {
             tool_call_id: p.call_id.clone(),
@@ -198,6 +221,7 @@ fn tool_result_closer(p: &Pending, turn: u64, seq: u64, time: i64) -> Event {
         ignorable: false,
         source_event_seqs: sources,
         surface_op: Some(SurfaceOp::Append),
+        raw_data: RawData::new(written.to_string()).ok().map(Box::new),
     }
 }
 
@@ -248,7 +272,7 @@ mod tests {
         assert_eq!(
             json[0],
             format!(
-                r#"{{"type":"tool/result","seq":4,"time":13,"data":{{"turn":1,"step":1,"message":{{"id":"interrupted-tool-result-call-a-4","role":"user","content":[{{"type":"tool-result","toolCallId":"call-a","content":[{{"type":"text","text":"{OUTCOME_UNKNOWN_TEXT}"}}],"isError":true}}],"source":{{"kind":"tool","callId":"call-a"}}}},"error":{{"name":"ToolOutcomeUnknownError","code":"TOOL_OUTCOME_UNKNOWN"}}}},"sourceEventSeqs":[3],"surfaceOp":"append"}}"#
+                r#"{{"type":"tool/result","seq":4,"time":13,"data":{{"turn":1,"step":1,"message":{{"id":"interrupted-tool-result-call-a-4","role":"user","source":{{"kind":"tool","callId":"call-a"}},"content":[{{"type":"tool-result","toolCallId":"call-a","isError":true,"content":[{{"type":"text","text":"{OUTCOME_UNKNOWN_TEXT}"}}]}}]}},"error":{{"name":"ToolOutcomeUnknownError","code":"TOOL_OUTCOME_UNKNOWN"}}}},"sourceEventSeqs":[3],"surfaceOp":"append"}}"#
             )
         );
         assert!(json[1].contains(r#""code":"TOOL_NOT_STARTED""#));

@@ -235,7 +235,7 @@ impl StreamChunk {
 
 /// Why a stream finished.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum FinishReason {
     /// The model finished its reply.
     Stop,
@@ -267,7 +267,7 @@ impl FinishReason {
 
 /// Token counts of one response. Disjoint: `input_tokens` excludes cached input.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct TokenUsage {
     /// Input tokens not served from a cache.
     pub input_tokens: u64,

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// Invariant (checked by `validate`): non-empty `message` and `code`, `status` in 100..=599,
 /// `provider_retry_after_ms` > 0, `request_id` non-empty.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct LlmFailure {
     /// What happened, for people (never an API key or a URL's password).
     pub message: String,

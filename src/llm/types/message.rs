@@ -23,8 +23,12 @@ pub enum Role {
 
 /// One immutable message: a user prompt, injected context, a tool result (role `user`) or an assistant
 /// reply. Its `id` is minted once and preserved through inbox, log and requests.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+///
+/// Serialized with its keys in the order the original writes them, which depends on who made the
+/// message: `role, content, source, id` for the model's, `source, content, role, id` for a tool
+/// result, `content, source, role, id` for every other user message. Unknown keys are ignored when
+/// read (the session log keeps them, see `session::event`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct Message {
     /// Minted once; the same through inbox, log and requests.
     pub id: MessageId,
@@ -34,6 +38,27 @@ pub struct Message {
     pub content: Vec<ContentBlock>,
     /// Where it came from (user, plugin, tool, model).
     pub source: MessageSource,
+}
+
+impl Serialize for Message {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(4))?;
+        if self.role == Role::Assistant {
+            m.serialize_entry("role", &self.role)?;
+            m.serialize_entry("content", &self.content)?;
+            m.serialize_entry("source", &self.source)?;
+        } else if self.source.kind() == "tool" {
+            m.serialize_entry("source", &self.source)?;
+            m.serialize_entry("content", &self.content)?;
+            m.serialize_entry("role", &self.role)?;
+        } else {
+            m.serialize_entry("content", &self.content)?;
+            m.serialize_entry("source", &self.source)?;
+            m.serialize_entry("role", &self.role)?;
+        }
+        m.serialize_entry("id", &self.id)?;
+        m.end()
+    }
 }
 
 /// A user message (role `user`). The alias documents intent; admission checks the role.
@@ -214,8 +239,7 @@ pub enum ContentBlock {
         /// `Some(true)` when the tool failed; absent in the log when not set.
         is_error: Option<bool>,
     },
-    /// Any other block, verbatim. Invariant: has a string `type` that is none of the four above, or
-    /// one of them with a key set the typed variants do not cover.
+    /// Any other block, verbatim. Invariant: has a string `type` that is none of the four above.
     Other(Map<String, Value>),
 }
 
@@ -308,26 +332,22 @@ impl ContentBlock {
                 _ => Err(format!("{tag} block field {k} must be a string")),
             }
         };
-        let exact =
-            |want: &[&str]| keys.len() == want.len() && want.iter().all(|k| map.contains_key(*k));
+        // Known keys are read strictly; keys the runtime does not know are ignored, as the original
+        // ignores them (a session log keeps them verbatim beside the typed view).
+        let has = |want: &[&str]| want.iter().all(|k| map.contains_key(*k));
         match tag {
-            "text" if exact(&["type", "text"]) => Ok(ContentBlock::Text {
+            "text" if has(&["text"]) => Ok(ContentBlock::Text {
                 text: str_of("text")?,
             }),
-            "reasoning" if exact(&["type", "text"]) => Ok(ContentBlock::Reasoning {
+            "reasoning" if has(&["text"]) => Ok(ContentBlock::Reasoning {
                 text: str_of("text")?,
             }),
-            "tool-call" if exact(&["type", "id", "name", "arguments"]) => {
-                Ok(ContentBlock::ToolCall {
-                    id: str_of("id")?,
-                    name: str_of("name")?,
-                    arguments: str_of("arguments")?,
-                })
-            }
-            "tool-result"
-                if exact(&["type", "toolCallId", "content"])
-                    || exact(&["type", "toolCallId", "content", "isError"]) =>
-            {
+            "tool-call" if has(&["id", "name", "arguments"]) => Ok(ContentBlock::ToolCall {
+                id: str_of("id")?,
+                name: str_of("name")?,
+                arguments: str_of("arguments")?,
+            }),
+            "tool-result" if has(&["toolCallId", "content"]) => {
                 let content = match map.get("content") {
                     Some(Value::Array(items)) => items
                         .iter()
@@ -350,7 +370,7 @@ impl ContentBlock {
                 })
             }
             "text" | "reasoning" | "tool-call" | "tool-result" => Err(format!(
-                "{tag} block has unexpected keys [{}]",
+                "{tag} block lacks a required key (has [{}])",
                 keys.join(", ")
             )),
             _ => Ok(ContentBlock::Other(map)),

@@ -13,7 +13,7 @@ use crate::ids::SessionId;
 /// The provider-facing call configuration (`LlmCallConfig`). Numbers that the original may write as
 /// fractions (`temperature`) are kept as JSON numbers so a log round-trips byte for byte.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct LlmCallConfig {
     /// The provider's registered name (its route).
     pub provider: String,
@@ -47,7 +47,6 @@ pub struct AdapterDefaults {
 
 /// A tool as the model sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ToolSchema {
     /// The name the model calls it by.
     pub name: String,
@@ -60,7 +59,7 @@ pub struct ToolSchema {
 /// The non-history request envelope (`EpochHeader`): logged as `request/header` before a request when
 /// it changed, so every request can be rebuilt from the log alone.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct RequestHeader {
     /// The call configuration.
     pub config: LlmCallConfig,
@@ -70,9 +69,41 @@ pub struct RequestHeader {
     /// The system prompt (absent when empty, in canonical form).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<String>,
-    /// The tools offered (absent when none, in canonical form).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The tools offered (absent when none, in canonical form). Older logs of the original list
+    /// tools by name only; such an entry reads as a schema with that name, an empty description and
+    /// `null` parameters (the log keeps the names as written, see `session::event`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "schemas_or_names"
+    )]
     pub tools: Option<Vec<ToolSchema>>,
+}
+
+/// Reads `tools` as the original accepts it: each entry a tool schema or a tool's name.
+fn schemas_or_names<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Vec<ToolSchema>>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Entry {
+        Name(String),
+        Schema(ToolSchema),
+    }
+    let entries = Vec::<Entry>::deserialize(d)?;
+    Ok(Some(
+        entries
+            .into_iter()
+            .map(|e| match e {
+                Entry::Name(name) => ToolSchema {
+                    name,
+                    description: String::new(),
+                    parameters: Value::Null,
+                },
+                Entry::Schema(schema) => schema,
+            })
+            .collect(),
+    ))
 }
 
 impl RequestHeader {

@@ -221,6 +221,7 @@ pub fn decode_row(tag: RowTag, row: &Map<String, Value>) -> Result<Vec<Event>, L
                 ignorable: false,
                 source_event_seqs: None,
                 surface_op: None,
+                raw_data: None,
             }
         })
         .collect())
@@ -887,6 +888,7 @@ mod tests {
             ignorable: false,
             source_event_seqs: None,
             surface_op: None,
+            raw_data: None,
         }
     }
 

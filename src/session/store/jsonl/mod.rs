@@ -33,7 +33,7 @@ use serde_json::{Map, Value};
 
 use crate::ids::SessionId;
 use crate::limits::Limits;
-use crate::session::event::{Event, KNOWN_EVENT_TYPES, SessionHeader};
+use crate::session::event::{Event, EventData, KNOWN_EVENT_TYPES, SessionHeader};
 use crate::session::invariant::{self, Violation};
 use crate::session::log::{AppendError, Session};
 
@@ -755,11 +755,15 @@ impl Scan<'_> {
             }
         };
         let expected = self.expected_seq();
-        // Fast path: a record in the current shape parses directly. Every legacy shape fails this
-        // parse (unknown keys or types, missing ids), except the retired types when marked ignorable.
+        // Fast path: a record in the current shape parses directly (keys the runtime does not know
+        // are kept, as the original keeps them). Every legacy shape fails this parse (missing ids,
+        // old reasons), except the retired types when marked ignorable and a `turn/start` with the
+        // obsolete `trigger`, which reads with an unknown key: a `turn/start` carrying any unknown key
+        // takes the conversion path, which drops `trigger` and keeps any other key.
         if let Ok(event) = Event::from_json(text)
             && !legacy::RETIRED_TYPES.contains(&event.kind())
             && event.kind() != legacy::STEERING_TYPE
+            && !(matches!(event.data, EventData::TurnStart(_)) && event.raw_data.is_some())
         {
             if event.seq != expected {
                 return self.seq_gap(line, expected, Some(event.seq), event.kind() == "turn/end");
