@@ -1187,10 +1187,32 @@ fn corpus() {
         let text = std::fs::read_to_string(corpus_dir().join(name)).expect("a fixture");
         let as_written = outcome(&text, import(&mut text.as_bytes(), &Limits::DEFAULT));
         let (filled, options) = fill_placeholders(&text);
-        let filled = outcome(
+        let filled_outcome = outcome(
             &filled,
             import_with(&mut filled.as_bytes(), &Limits::DEFAULT, &options),
         );
+        // The same log in the original's default zstd layout (the header alone in frame 1, the
+        // records in a second frame) reads to the same outcome.
+        let mut compressed = zstd::stream::encode_all(
+            filled
+                .split_inclusive('\n')
+                .next()
+                .unwrap_or_default()
+                .as_bytes(),
+            0,
+        )
+        .expect("compress");
+        let rest: String = filled.split_inclusive('\n').skip(1).collect();
+        compressed.extend(zstd::stream::encode_all(rest.as_bytes(), 0).expect("compress"));
+        let from_zstd = import_with(&mut &compressed[..], &Limits::DEFAULT, &options);
+        assert_eq!(
+            from_zstd.map(|i| i.events).map_err(|e| e.to_string()),
+            import_with(&mut filled.as_bytes(), &Limits::DEFAULT, &options)
+                .map(|i| i.events)
+                .map_err(|e| e.to_string()),
+            "{name} read from zstd"
+        );
+        let filled = filled_outcome;
         *tally
             .entry(if as_written.starts_with("loaded") {
                 "as written: loaded"

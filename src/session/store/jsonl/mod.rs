@@ -15,6 +15,10 @@
 //! versions are refused, and the result is validated with `Session::from_events` and
 //! `invariant::check`. Every refusal is a typed `ImportError` naming the line (the header is line 1).
 //!
+//! A log compressed with zstd (the original's default `session.jsonl.zstd`, `jsonl/zstd.rs`) is
+//! recognised by its magic bytes and read the same way, under the same bounds on the decompressed
+//! lines; `zstd::export_zstd` writes that layout.
+//!
 //! Damage follows the original's scanner: the first line that cannot be read as records — not JSON,
 //! not UTF-8, too long or too deep, a malformed row, a seq gap — stops the log there. If any later line
 //! is a `turn/end`, the damage is inside the committed log and the import fails (`Corrupt`); otherwise
@@ -24,6 +28,7 @@
 //! store closes it (`session::repair`) when it loads the session.
 
 pub mod legacy;
+pub mod zstd;
 
 use std::borrow::Cow;
 use std::io::{self, BufRead, Write};
@@ -91,6 +96,9 @@ pub enum ImportError {
     /// There is no header line.
     #[error("the input is empty: a log starts with a session header line")]
     Empty,
+    /// A zstd-compressed log whose stream is damaged, or whose decompressed text breaks a bound.
+    #[error(transparent)]
+    Decompress(#[from] zstd::DecompressError),
     /// The header line is torn, too long or invalid.
     #[error("line 1: {reason}")]
     Header {
@@ -252,6 +260,26 @@ pub fn import_with(
     limits: &Limits,
     options: &ImportOptions,
 ) -> Result<Imported, ImportError> {
+    let head = loop {
+        match input.fill_buf() {
+            Ok(head) => break head,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(read_error(1)(e)),
+        }
+    };
+    if zstd::is_zstd(head) {
+        let decompressed = zstd::Decompressed::new(input, limits).map_err(read_error(1))?;
+        return import_lines(&mut io::BufReader::new(decompressed), limits, options);
+    }
+    import_lines(input, limits, options)
+}
+
+/// `import_with` on the plain (decompressed) lines.
+fn import_lines(
+    input: &mut impl BufRead,
+    limits: &Limits,
+    options: &ImportOptions,
+) -> Result<Imported, ImportError> {
     let mut buf = Vec::new();
     let (header, header_conversion) = read_header(input, &mut buf, limits, options)?;
     let mut scan = Scan {
@@ -295,11 +323,20 @@ pub fn import_with(
     })
 }
 
-/// A read error on `line`, as an `ImportError`.
+/// A read error on `line`, as an `ImportError`; a zstd log that cannot be decompressed is
+/// `Decompress`, at the line where decoding stopped.
 fn read_error(line: usize) -> impl Fn(io::Error) -> ImportError {
-    move |e: io::Error| ImportError::Read {
-        line,
-        cause: e.to_string(),
+    move |e: io::Error| {
+        if let Some(d) = e
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<zstd::DecompressError>())
+        {
+            return ImportError::Decompress(d.clone());
+        }
+        ImportError::Read {
+            line,
+            cause: e.to_string(),
+        }
     }
 }
 
