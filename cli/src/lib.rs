@@ -230,6 +230,9 @@ pub struct ExportArgs {
     /// Write to this file instead of stdout.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
+    /// Compress with zstd, as the original stores a log (`session.jsonl.zstd`).
+    #[arg(long)]
+    pub zstd: bool,
 }
 
 /// The file and flags of `dsh import`.

@@ -1,5 +1,6 @@
-//! `dsh export ID [-o FILE]` and `dsh import FILE [--id ID]`: a session as DSH v0 JSON lines, the
-//! format shared with the original harness.
+//! `dsh export ID [-o FILE] [--zstd]` and `dsh import FILE [--id ID]`: a session as DSH v0 JSON
+//! lines, the format shared with the original harness. `--zstd` writes the original's default
+//! on-disk layout (`session.jsonl.zstd`); import recognises that layout by its magic bytes.
 //!
 //! Export reads the stored log as it is (an open last turn stays open: a load would repair it, and
 //! export never writes to the store); with `-o` the file is written to a temporary name beside it
@@ -14,6 +15,8 @@ use std::process::ExitCode;
 
 use dsh::SessionId;
 use dsh::limits::Limits;
+use dsh::session::event::{Event, SessionHeader};
+use dsh::session::store::jsonl::zstd::export_zstd;
 use dsh::session::store::jsonl::{ImportOptions, export, import_with};
 use dsh::session::store::{EncodedEvent, SessionStore, StoreError};
 
@@ -37,14 +40,21 @@ pub async fn export_cmd(args: ExportArgs, config: Config) -> Result<ExitCode, Cl
     let inspected = inspect_stored(&store, &id).await;
     close(store).await?;
     let inspected = inspected?;
+    let write = |header: &SessionHeader, events: &[Event], out: &mut dyn Write| {
+        if args.zstd {
+            export_zstd(header, events, &mut &mut *out)
+        } else {
+            export(header, events, &mut &mut *out)
+        }
+    };
     match &args.output {
         None => {
             let stdout = std::io::stdout();
-            export(&inspected.header, &inspected.events, &mut stdout.lock())
+            write(&inspected.header, &inspected.events, &mut stdout.lock())
                 .map_err(|e| CliError::output("writing the export", e))?;
         }
         Some(path) => write_atomically(path, |file| {
-            export(&inspected.header, &inspected.events, file)
+            write(&inspected.header, &inspected.events, file)
         })?,
     }
     if !inspected.closers.is_empty() {

@@ -1807,3 +1807,38 @@ fn retries_are_announced_and_bounded() {
     assert_eq!(turn_end_kinds(&sb.events("r2")), ["error"]);
     assert!(of_type(&sb.events("r2"), "llm/retry").is_empty());
 }
+
+/// Issue 14: `export --zstd` writes the original's default layout (`session.jsonl.zstd`), and
+/// `import`, `show FILE` and `check FILE` read it as they read the plain log.
+#[test]
+fn zstd_export_imports_shows_and_checks_like_the_plain_log() {
+    let sb = populated();
+    let plain = sb.run(&["export", "first"]).stdout;
+    let plain_path = sb.write("first.jsonl", &plain);
+    let r = sb.run(&["export", "first", "--zstd", "-o", "first.jsonl.zstd"]);
+    assert_eq!(
+        (r.code, r.stdout.as_str(), r.stderr.as_str()),
+        (Some(0), "", "")
+    );
+    let zst_path = sb.path().join("first.jsonl.zstd");
+    let bytes = std::fs::read(&zst_path).expect("exported");
+    assert_eq!(bytes[..4], [0x28, 0xB5, 0x2F, 0xFD], "zstd magic bytes");
+    let (plain_arg, zst_arg) = (
+        plain_path.to_str().expect("utf-8"),
+        zst_path.to_str().expect("utf-8"),
+    );
+    for cmd in ["show", "check"] {
+        let from_plain = sb.run(&[cmd, plain_arg]);
+        let from_zstd = sb.run(&[cmd, zst_arg]);
+        assert_eq!(from_plain.code, Some(0), "{cmd}: {from_plain:#?}");
+        assert_eq!(
+            (from_zstd.code, from_zstd.stdout.replace(zst_arg, plain_arg)),
+            (from_plain.code, from_plain.stdout.clone()),
+            "{cmd} of the zstd file"
+        );
+    }
+    let other = Sandbox::new();
+    let r = other.run(&["import", zst_arg]);
+    assert_eq!(r.code, Some(0), "{r:#?}");
+    assert_eq!(other.run(&["export", "first"]).stdout, plain);
+}
