@@ -1112,7 +1112,7 @@ impl AgentCore {
             PreExecute::Allow => {
                 if self.tools.get(&call.name).is_none() {
                     let out = ToolOutput::error(
-                        format!("tool {:?} not found", call.name),
+                        format!("unknown tool {:?}", call.name),
                         Some(ToolErrorInfo {
                             name: "ToolNotFoundError".into(),
                             code: "UNKNOWN_TOOL".into(),

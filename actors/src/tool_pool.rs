@@ -117,7 +117,7 @@ impl Actor for ToolPoolActor {
             } => {
                 let Some(tool) = tool else {
                     let output = ToolOutput::error(
-                        format!("tool {:?} not found", invocation.name),
+                        format!("unknown tool {:?}", invocation.name),
                         error_info("ToolNotFoundError", "UNKNOWN_TOOL"),
                     );
                     let _ = state.args.agent.cast(AgentMsg::ToolFinished {
@@ -290,8 +290,8 @@ impl Actor for ToolCallActor {
                 Err(_) => {
                     cancel.cancel();
                     ToolOutput::error(
-                        format!("tool timed out after {} ms", timeout.as_millis()),
-                        error_info("ToolTimeoutError", "TIMEOUT"),
+                        format!("tool call timed out after {}ms", timeout.as_millis()),
+                        error_info("ToolTimeoutError", "TOOL_TIMEOUT"),
                     )
                 }
             };
