@@ -1,9 +1,16 @@
 //! The durable event: the v0 envelope and every payload the runtime writes (`reference/session-llm.md`
 //! §1.2–§1.7), with a lossless JSON codec.
 //!
-//! Envelope keys, in this order: `type, seq, time, data, ignorable?, sourceEventSeqs?, surfaceOp?`.
-//! Payload structs use camelCase keys in the original's order and omit absent optionals, so an event we
-//! write, parsed and written again, is byte-identical. Types owned by plugins of the original (known
+//! Envelope keys, in this order: `type, seq, time, data, ignorable?, sourceEventSeqs?, surfaceOp?`;
+//! the envelope is closed (any other key is refused, as the original refuses it). Payload structs
+//! use camelCase keys in the original's order and omit absent optionals, so an event we write, parsed
+//! and written again, is byte-identical.
+//!
+//! Payloads are open, as the original's are (SPEC §17): a key the runtime does not know is ignored by
+//! the typed view and kept, with everything else, in `Event::raw_data`, the payload text as read,
+//! which is what is written back. It is kept only when the typed payload would be written as other
+//! bytes (checked on every read without allocating), so the common event carries one null pointer.
+//! Known keys are still read strictly: a wrong type is refused. Types owned by plugins of the original (known
 //! names in `KNOWN_EVENT_TYPES`) and unknown types marked `ignorable: true` are kept verbatim as
 //! `EventData::Other`; an unknown type without the mark is refused by the reader.
 //!

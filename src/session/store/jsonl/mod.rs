@@ -8,7 +8,9 @@
 //! chunk row that stands for a run of `assistant/chunk` events (`jsonl/legacy.rs`, used only here).
 //!
 //! `export` writes one event per line, so `export(import(x)) == x` byte for byte for every log dsh-rs
-//! writes. `import` trusts nothing: every line is bounded (`Limits::event_bytes_max`), the nesting
+//! writes, and for every log the original wrote one event per line and that needed no conversion:
+//! payload keys the runtime does not know, and keys in another order, are kept as written
+//! (`Event::raw_data`), as the original keeps them (SPEC §17). `import` trusts nothing: every line is bounded (`Limits::event_bytes_max`), the nesting
 //! depth is checked without recursion before serde sees a line (`Limits::json_depth_max`), the event
 //! count is bounded (`Limits::session_events_max`), rows are decoded strictly, the original's old
 //! shapes are converted (and each conversion reported), unknown non-ignorable types and other format
