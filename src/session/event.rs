@@ -986,6 +986,13 @@ mod tests {
         ] {
             assert!(Event::from_json(bad).is_err(), "{bad} accepted");
         }
+        let err = Event::from_json(r#"{"type":"request/header","seq":0,"time":1,"data":{"header":{"config":{"provider":"p","model":"m"},"tools":["a",7]},"reason":"initial"}}"#).unwrap_err();
+        assert!(
+            err.0.starts_with(
+                "request/header payload: tools[1] must be a tool schema or a tool name"
+            ),
+            "{err}"
+        );
     }
 
     /// Issue 14 item 5: the messages the runtime builds are written in the original's key order, so

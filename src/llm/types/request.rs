@@ -84,26 +84,25 @@ pub struct RequestHeader {
 fn schemas_or_names<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<Vec<ToolSchema>>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Entry {
-        Name(String),
-        Schema(ToolSchema),
-    }
-    let entries = Vec::<Entry>::deserialize(d)?;
-    Ok(Some(
-        entries
-            .into_iter()
-            .map(|e| match e {
-                Entry::Name(name) => ToolSchema {
-                    name,
-                    description: String::new(),
-                    parameters: Value::Null,
-                },
-                Entry::Schema(schema) => schema,
-            })
-            .collect(),
-    ))
+    use serde::de::Error as _;
+    let entries = Vec::<Value>::deserialize(d)?;
+    entries
+        .into_iter()
+        .enumerate()
+        .map(|(i, entry)| match entry {
+            Value::String(name) => Ok(ToolSchema {
+                name,
+                description: String::new(),
+                parameters: Value::Null,
+            }),
+            Value::Object(_) => serde_json::from_value(entry)
+                .map_err(|e| D::Error::custom(format!("tools[{i}]: {e}"))),
+            _ => Err(D::Error::custom(format!(
+                "tools[{i}] must be a tool schema or a tool name"
+            ))),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
 }
 
 impl RequestHeader {
