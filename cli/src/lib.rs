@@ -16,6 +16,7 @@ mod live;
 pub mod render;
 pub mod run;
 pub mod scenario;
+pub mod serve;
 mod sessions;
 mod show;
 pub mod sim;
@@ -80,6 +81,8 @@ pub enum Command {
     Import(ImportArgs),
     /// Run scenario files (black-box conformance).
     Scenario(ScenarioArgs),
+    /// Serve the HTTP API and web page of SPEC §13 over a host of agents.
+    Serve(serve::ServeArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -277,5 +280,6 @@ async fn dispatch(command: Command, config: Config) -> Result<ExitCode, CliError
             command: ScenarioCommand::Run { check, files },
         }) => scenario::run_files(check, &files).await,
         Command::Sim(args) => sim::run(&args, &config, &mut std::io::stdout()).await,
+        Command::Serve(args) => serve::run(args, config).await,
     }
 }
