@@ -819,3 +819,49 @@ impl JsonValue for reqwest::Response {
         serde_json::from_str(&text).unwrap_or(Value::Null)
     }
 }
+
+#[tokio::test]
+async fn metrics_are_prometheus_text() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = Server::start(dir.path(), FAST_SIM, &[]);
+    s.call("POST", "/v1/sessions", Some(json!({"id": "a"})))
+        .await;
+    s.call(
+        "POST",
+        "/v1/sessions/a/followup",
+        Some(json!({"text": "one"})),
+    )
+    .await;
+    s.call(
+        "POST",
+        "/v1/sessions/a/inject",
+        Some(json!({"text": "two"})),
+    )
+    .await;
+    let mut stream = s.events("/v1/sessions/a/events", None).await;
+    stream.until("turn/end").await;
+    let resp = s.client.get(s.url("/metrics")).send().await.expect("send");
+    assert_eq!(resp.status().as_u16(), 200);
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .expect("ascii")
+            .starts_with("application/openmetrics-text")
+    );
+    let text = resp.text().await.expect("body");
+    for line in [
+        "dsh_inputs_total{kind=\"followup\"} 1",
+        "dsh_inputs_total{kind=\"inject\"} 1",
+        "dsh_input_ack_seconds_count 2",
+        "dsh_sse_subscribers 1",
+        "dsh_agents{state=\"live\"} 1",
+        "dsh_agents{state=\"hibernated\"} 0",
+        "# TYPE dsh_turns counter",
+        "# TYPE dsh_events_appended counter",
+        "# TYPE dsh_store_commits counter",
+        "# EOF",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
+    assert!(s.stop().success());
+}

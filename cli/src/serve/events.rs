@@ -80,7 +80,10 @@ pub async fn events(
     let subscription = plan.follow.then(|| handle.subscribe());
     let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
     let end = state.inner.streams_end.clone();
+    let gauge = state.inner.metrics.sse_subscribers.clone();
+    gauge.inc();
     tokio::spawn(async move {
+        let _open = OpenStream(gauge);
         let next = match replay(&handle, plan.from, &tx).await {
             Some(next) => next,
             None => return,
@@ -97,6 +100,15 @@ pub async fn events(
         rx.recv().await.map(|event| (Ok(event), rx))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(state.inner.settings.keep_alive)))
+}
+
+/// Counts an open stream in the `sse_subscribers` gauge while it lives.
+struct OpenStream(prometheus_client::metrics::gauge::Gauge<i64, std::sync::atomic::AtomicI64>);
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// The SSE form of a durable event.

@@ -151,6 +151,7 @@ async fn send(
     kind: InputKind,
 ) -> Result<(StatusCode, Json<InputAck>), ApiError> {
     state.accepting()?;
+    let started = std::time::Instant::now();
     let message = body.into_message()?;
     let handle = state.agent(&id).await?;
     let lock = state.input_lock(handle.id());
@@ -172,6 +173,10 @@ async fn send(
             format!("message {message_id} was acknowledged but its splice is not in the log"),
         )
     })?;
+    state
+        .inner
+        .metrics
+        .input(kind.name(), Some(started.elapsed()));
     tracing::debug!(session = %handle.id(), kind = kind.name(), seq, "input acknowledged");
     Ok((StatusCode::ACCEPTED, Json(ack(&message_id, seq))))
 }
@@ -211,6 +216,7 @@ pub async fn cancel(
         .cancel(CancelCause::User, body.keep_inbox.unwrap_or(false))
         .await
         .map_err(|e| ApiError::from_input(&e, "id"))?;
+    state.inner.metrics.input("cancel", None);
     tracing::debug!(session = %handle.id(), "cancel recorded");
     Ok((StatusCode::ACCEPTED, Json(CancelAck { cancelled: true })))
 }
@@ -244,6 +250,7 @@ pub async fn remove(
     if !removed {
         return Err(not_pending(&message_id));
     }
+    state.inner.metrics.input("remove", None);
     Ok(Json(InboxAck {
         message_id: message_id.to_string(),
         replaced_by: None,
@@ -270,6 +277,7 @@ pub async fn replace(
     if !replaced {
         return Err(not_pending(&message_id));
     }
+    state.inner.metrics.input("replace", None);
     Ok(Json(InboxAck {
         message_id: message_id.to_string(),
         replaced_by: Some(new_id),

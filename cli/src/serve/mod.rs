@@ -15,6 +15,7 @@ pub mod body;
 pub mod error;
 pub mod events;
 pub mod input;
+pub mod metrics;
 pub mod router;
 pub mod sessions;
 pub mod state;

@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use super::error::ApiError;
 use super::state::AppState;
-use super::{auth, events, input, sessions};
+use super::{auth, events, input, metrics, sessions};
 
 /// The largest JSON body accepted (a message is at most 1 MiB; this leaves room for its JSON).
 pub const BODY_BYTES_MAX: usize = 2 << 20;
@@ -52,6 +52,7 @@ pub fn router(state: AppState) -> Router {
         .nest("/v1", v1)
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics::metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .layer(middleware::from_fn(request_span))

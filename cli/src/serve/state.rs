@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::auth::Token;
 use super::error::ApiError;
+use super::metrics::ServerMetrics;
 
 /// What a new agent gets unless its create request says otherwise.
 #[derive(Clone, Debug)]
@@ -80,6 +81,8 @@ pub struct Shared {
     pub draining: AtomicBool,
     /// Cancelled when event streams must end (the host has stopped).
     pub streams_end: CancellationToken,
+    /// The figures `/metrics` exports.
+    pub metrics: ServerMetrics,
     /// One lock per session, held across an input's idempotency check and its send.
     input_locks: DashMap<SessionId, Arc<tokio::sync::Mutex<()>>>,
 }
@@ -102,6 +105,7 @@ impl AppState {
                 settings,
                 draining: AtomicBool::new(false),
                 streams_end: CancellationToken::new(),
+                metrics: ServerMetrics::new(),
                 input_locks: DashMap::new(),
             }),
         }
