@@ -28,19 +28,19 @@ pub struct ApiError {
 }
 
 /// The JSON body of an error answer.
-#[derive(Serialize)]
-struct ErrorBody<'a> {
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
     /// The error itself.
-    error: ErrorDetail<'a>,
+    pub error: ErrorDetail,
 }
 
 /// `{code, message}` inside an error answer.
-#[derive(Serialize)]
-struct ErrorDetail<'a> {
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
     /// The stable code.
-    code: &'a str,
+    pub code: String,
     /// The one-line message.
-    message: &'a str,
+    pub message: String,
 }
 
 impl ApiError {
@@ -187,8 +187,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorBody {
             error: ErrorDetail {
-                code: self.code,
-                message: &self.message,
+                code: self.code.to_string(),
+                message: self.message,
             },
         };
         let mut response = (self.status, axum::Json(body)).into_response();

@@ -44,7 +44,7 @@ impl InputKind {
 
 /// Body of followup/steer/inject and of replacing a pending message: `{text}` or `{message}`, with
 /// an optional message `id`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InputBody {
     /// The message id (minted when absent); a repeat of an applied id is not applied again.
@@ -52,11 +52,12 @@ pub struct InputBody {
     /// Plain text: a user message with one text block.
     pub text: Option<String>,
     /// A whole user message (DSH v0 shape); its `id` is replaced by `id` when that is given.
+    #[schema(value_type = Option<Object>)]
     pub message: Option<Message>,
 }
 
 /// `202`/`200` answer of an input.
-#[derive(Debug, Serialize, PartialEq, Eq)]
+#[derive(Debug, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct InputAck {
     /// The message's id.
     pub message_id: String,
@@ -65,7 +66,7 @@ pub struct InputAck {
 }
 
 /// `POST /v1/sessions/{id}/cancel` body.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CancelBody {
     /// Keep the pending input (default false: it is durably discarded).
@@ -73,14 +74,14 @@ pub struct CancelBody {
 }
 
 /// `202` answer of a cancel.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct CancelAck {
     /// Always true: the cancel is recorded.
     pub cancelled: bool,
 }
 
 /// `200` answer of removing or replacing a pending message.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct InboxAck {
     /// The id of the message that was pending.
     pub message_id: String,
@@ -117,6 +118,7 @@ impl InputBody {
 }
 
 /// `POST /v1/sessions/{id}/followup`.
+#[utoipa::path(post, path = "/v1/sessions/{id}/followup", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining", body = crate::serve::error::ErrorBody)))]
 pub async fn followup(
     state: State<AppState>,
     path: Path<String>,
@@ -126,6 +128,7 @@ pub async fn followup(
 }
 
 /// `POST /v1/sessions/{id}/steer`.
+#[utoipa::path(post, path = "/v1/sessions/{id}/steer", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining", body = crate::serve::error::ErrorBody)))]
 pub async fn steer(
     state: State<AppState>,
     path: Path<String>,
@@ -135,6 +138,7 @@ pub async fn steer(
 }
 
 /// `POST /v1/sessions/{id}/inject`.
+#[utoipa::path(post, path = "/v1/sessions/{id}/inject", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining", body = crate::serve::error::ErrorBody)))]
 pub async fn inject(
     state: State<AppState>,
     path: Path<String>,
@@ -206,6 +210,7 @@ fn inserts(event: &Event, id: &MessageId) -> bool {
 }
 
 /// `POST /v1/sessions/{id}/cancel`: 202 once the cancel is recorded.
+#[utoipa::path(post, path = "/v1/sessions/{id}/cancel", params(("id" = String, Path, description = "The session id")), request_body = CancelBody, responses((status = 202, description = "Recorded", body = CancelAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining", body = crate::serve::error::ErrorBody)))]
 pub async fn cancel(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -236,6 +241,7 @@ fn not_pending(id: &MessageId) -> ApiError {
 }
 
 /// `DELETE /v1/sessions/{id}/inbox/{message_id}`.
+#[utoipa::path(delete, path = "/v1/sessions/{id}/inbox/{message_id}", params(("id" = String, Path, description = "The session id"), ("message_id" = String, Path, description = "The pending message id")), responses((status = 200, description = "Removed", body = InboxAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session, or the message is not pending", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining", body = crate::serve::error::ErrorBody)))]
 pub async fn remove(
     State(state): State<AppState>,
     Path((id, message_id)): Path<(String, String)>,
@@ -258,6 +264,7 @@ pub async fn remove(
 }
 
 /// `PUT /v1/sessions/{id}/inbox/{message_id}` `{text}` or `{message}`.
+#[utoipa::path(put, path = "/v1/sessions/{id}/inbox/{message_id}", params(("id" = String, Path, description = "The session id"), ("message_id" = String, Path, description = "The pending message id")), request_body = InputBody, responses((status = 200, description = "Replaced", body = InboxAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session, or the message is not pending", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining", body = crate::serve::error::ErrorBody)))]
 pub async fn replace(
     State(state): State<AppState>,
     Path((id, message_id)): Path<(String, String)>,

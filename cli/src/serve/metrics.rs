@@ -154,6 +154,7 @@ async fn refresh(state: &AppState, m: &ServerMetrics) {
 }
 
 /// `GET /metrics`.
+#[utoipa::path(get, path = "/metrics",  responses((status = 200, description = "Prometheus (OpenMetrics) text", content_type = "application/openmetrics-text", body = String)))]
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let m = &state.inner.metrics;
     let _scrape = m.scrape.lock().await;

@@ -16,6 +16,7 @@ pub mod error;
 pub mod events;
 pub mod input;
 pub mod metrics;
+pub mod openapi;
 pub mod router;
 pub mod sessions;
 pub mod state;

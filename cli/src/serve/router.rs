@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use super::error::ApiError;
 use super::state::AppState;
-use super::{auth, events, input, metrics, sessions};
+use super::{auth, events, input, metrics, openapi, sessions};
 
 /// The largest JSON body accepted (a message is at most 1 MiB; this leaves room for its JSON).
 pub const BODY_BYTES_MAX: usize = 2 << 20;
@@ -44,6 +44,7 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{id}/messages", get(sessions::messages))
         .route("/sessions/{id}/export", get(sessions::export_session))
         .route("/sessions/{id}/compact", post(sessions::compact))
+        .route("/openapi.json", get(openapi::openapi_json))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,
@@ -81,12 +82,14 @@ async fn not_found() -> ApiError {
 }
 
 /// `GET /healthz`: the process answers.
-async fn healthz() -> impl IntoResponse {
+#[utoipa::path(get, path = "/healthz",  responses((status = 200, description = "Alive", body = String)))]
+pub async fn healthz() -> impl IntoResponse {
     (StatusCode::OK, "ok\n")
 }
 
 /// `GET /readyz`: 200 while the store takes writes and the server is not draining, else 503.
-async fn readyz(State(state): State<AppState>) -> Response {
+#[utoipa::path(get, path = "/readyz",  responses((status = 200, description = "Ready", body = String), (status = 503, description = "Store poisoned or server draining", body = crate::serve::error::ErrorBody)))]
+pub async fn readyz(State(state): State<AppState>) -> Response {
     if state.is_draining() {
         return ApiError::draining().into_response();
     }

@@ -32,7 +32,7 @@ pub const LIST_LIMIT_MAX: usize = 1000;
 pub const LIST_LIMIT_DEFAULT: usize = 100;
 
 /// `POST /v1/sessions` body; every field optional.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSession {
     /// The session id (minted when absent).
@@ -48,7 +48,7 @@ pub struct CreateSession {
 }
 
 /// `201` answer of a create (and of an import, with `events`).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Created {
     /// The session id.
     pub id: String,
@@ -58,7 +58,8 @@ pub struct Created {
 }
 
 /// `GET /v1/sessions` query.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Page size, 1..=1000 (default 100).
@@ -68,7 +69,7 @@ pub struct ListQuery {
 }
 
 /// One row of a session list.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct SessionRow {
     /// The session id.
     pub id: String,
@@ -81,7 +82,7 @@ pub struct SessionRow {
 }
 
 /// `GET /v1/sessions` answer.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct SessionList {
     /// This page.
     pub sessions: Vec<SessionRow>,
@@ -91,7 +92,7 @@ pub struct SessionList {
 }
 
 /// Pending input counts of a session.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Pending {
     /// Messages waiting for their own turn.
     pub next_turn: usize,
@@ -100,7 +101,7 @@ pub struct Pending {
 }
 
 /// `GET /v1/sessions/{id}` answer.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct SessionInfo {
     /// The session id.
     pub id: String,
@@ -113,7 +114,8 @@ pub struct SessionInfo {
 }
 
 /// `POST /v1/sessions/import` query.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ImportQuery {
     /// Store the session under this id instead of its header's.
@@ -129,6 +131,7 @@ pub fn status_name(status: Status) -> &'static str {
 }
 
 /// `POST /v1/sessions`.
+#[utoipa::path(post, path = "/v1/sessions", request_body = CreateSession, responses((status = 201, description = "Created", body = Created), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 409, description = "The id exists", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining", body = crate::serve::error::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<CreateSession>,
@@ -174,6 +177,7 @@ pub async fn create(
 }
 
 /// `GET /v1/sessions`.
+#[utoipa::path(get, path = "/v1/sessions", params(ListQuery), responses((status = 200, description = "A page of sessions", body = SessionList), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
@@ -247,6 +251,7 @@ async fn row(state: &AppState, id: &str, n_events: u64, last: Option<i64>) -> Se
 }
 
 /// `GET /v1/sessions/{id}`.
+#[utoipa::path(get, path = "/v1/sessions/{id}", params(("id" = String, Path, description = "The session id")), responses((status = 200, description = "The session", body = SessionInfo), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody)))]
 pub async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -273,6 +278,7 @@ async fn info(handle: &AgentHandle) -> Result<SessionInfo, ApiError> {
 }
 
 /// `GET /v1/sessions/{id}/messages`: the model-visible history derived from the log.
+#[utoipa::path(get, path = "/v1/sessions/{id}/messages", params(("id" = String, Path, description = "The session id")), responses((status = 200, description = "`{messages: [...]}`: the model-visible messages", body = Object), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody)))]
 pub async fn messages(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -294,6 +300,7 @@ pub async fn messages(
 }
 
 /// `GET /v1/sessions/{id}/export`: the durable log as DSH v0 JSON lines.
+#[utoipa::path(get, path = "/v1/sessions/{id}/export", params(("id" = String, Path, description = "The session id")), responses((status = 200, description = "DSH v0 JSON lines", content_type = "application/x-ndjson", body = String), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody)))]
 pub async fn export_session(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -320,6 +327,7 @@ pub async fn export_session(
 }
 
 /// `POST /v1/sessions/import[?id=ID]`: a DSH v0 JSON lines body into the store, all or nothing.
+#[utoipa::path(post, path = "/v1/sessions/import", params(ImportQuery), request_body(content = String, content_type = "application/x-ndjson", description = "DSH v0 JSON lines"), responses((status = 201, description = "Imported", body = Created), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 409, description = "The id exists", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining", body = crate::serve::error::ErrorBody)))]
 pub async fn import_session(
     State(state): State<AppState>,
     query: Result<Query<ImportQuery>, axum::extract::rejection::QueryRejection>,
@@ -365,6 +373,7 @@ pub async fn import_session(
 }
 
 /// `POST /v1/sessions/{id}/compact`: not built yet (SPEC §15 comes with its own issue).
+#[utoipa::path(post, path = "/v1/sessions/{id}/compact", params(("id" = String, Path, description = "The session id")), responses((status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 501, description = "Not implemented yet", body = crate::serve::error::ErrorBody)))]
 pub async fn compact(Path(_id): Path<String>) -> ApiError {
     ApiError::not_implemented("compaction (SPEC §15) is not implemented by this server yet")
 }
