@@ -867,7 +867,8 @@ async fn metrics_are_prometheus_text() {
 }
 
 /// Every request of SPEC §13, as `METHOD PATH`.
-const SPEC_ROUTES: [&str; 18] = [
+const SPEC_ROUTES: [&str; 19] = [
+    "GET /",
     "GET /healthz",
     "GET /metrics",
     "GET /readyz",
@@ -961,6 +962,28 @@ async fn the_openapi_document_matches_the_router() {
                 "{method} {url}: {got} is not documented ({statuses:?}): {body}"
             );
         }
+    }
+    assert!(s.stop().success());
+}
+
+#[tokio::test]
+async fn the_web_page_is_served_from_the_binary() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = Server::start(dir.path(), FAST_SIM, &[]);
+    let resp = s.client.get(s.url("/")).send().await.expect("send");
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/html; charset=utf-8");
+    let html = resp.text().await.expect("body");
+    assert!(html.starts_with("<!doctype html>"), "{}", &html[..40]);
+    for needle in [
+        "/v1/sessions",
+        "/followup",
+        "/steer",
+        "/cancel",
+        "/events",
+        "Last-Event-ID",
+    ] {
+        assert!(html.contains(needle), "{needle}");
     }
     assert!(s.stop().success());
 }

@@ -17,6 +17,7 @@ pub mod events;
 pub mod input;
 pub mod metrics;
 pub mod openapi;
+pub mod page;
 pub mod router;
 pub mod sessions;
 pub mod state;

@@ -7,7 +7,7 @@ use axum::Json;
 use axum::http::StatusCode;
 use utoipa::OpenApi;
 
-use super::{error, events, input, metrics, router, sessions};
+use super::{error, events, input, metrics, page, router, sessions};
 
 /// The document's root: every path and schema of the API.
 #[derive(OpenApi)]
@@ -28,6 +28,7 @@ use super::{error, events, input, metrics, router, sessions};
         input::remove,
         input::replace,
         events::events,
+        page::index,
         router::healthz,
         router::readyz,
         metrics::metrics,

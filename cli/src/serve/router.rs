@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use super::error::ApiError;
 use super::state::AppState;
-use super::{auth, events, input, metrics, openapi, sessions};
+use super::{auth, events, input, metrics, openapi, page, sessions};
 
 /// The largest JSON body accepted (a message is at most 1 MiB; this leaves room for its JSON).
 pub const BODY_BYTES_MAX: usize = 2 << 20;
@@ -51,6 +51,7 @@ pub fn router(state: AppState) -> Router {
         ));
     Router::new()
         .nest("/v1", v1)
+        .route("/", get(page::index))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics::metrics))
