@@ -987,3 +987,84 @@ async fn the_web_page_is_served_from_the_binary() {
     }
     assert!(s.stop().success());
 }
+
+/// A sim model with long instant replies: many events fast.
+const FLOOD_SIM: &str = "provider = \"sim\"\n[sim]\nseed = 1\nttft_ms = 0\ntokens_per_sec = 0\nreply_tokens_min = 2000\nreply_tokens_max = 2000\ntool_call_probability = 0.0\n";
+
+#[tokio::test]
+async fn a_client_that_falls_behind_is_told_to_resume_and_loses_nothing() {
+    const TURNS: usize = 20;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = Server::start(dir.path(), FLOOD_SIM, &[]);
+    s.call("POST", "/v1/sessions", Some(json!({"id": "a"})))
+        .await;
+    // A stream that is opened and then not read while the agent writes ~40,000 events (~8 MB,
+    // far more than the socket buffers, the bounded subscriber buffer and the stream's channel).
+    let mut slow = s.events("/v1/sessions/a/events", None).await;
+    for i in 0..TURNS {
+        let (status, _) = s
+            .call(
+                "POST",
+                "/v1/sessions/a/followup",
+                Some(json!({"text": format!("q{i}")})),
+            )
+            .await;
+        assert_eq!(status, 202);
+    }
+    // Wait for the last turn by reading another stream, resuming it whenever it is told to.
+    let mut last = None;
+    let mut turns = 0;
+    while turns < TURNS {
+        let mut stream = s.events("/v1/sessions/a/events", last).await;
+        while let Some(ev) = stream.next().await {
+            if ev.event == "resume" {
+                break;
+            }
+            last = ev.id;
+            turns += usize::from(ev.event == "turn/end");
+            if turns == TURNS {
+                break;
+            }
+        }
+    }
+    // The slow stream: contiguous from 0, then a final `resume` naming the last seq it sent.
+    let mut seen = Vec::new();
+    let resume = loop {
+        let ev = slow
+            .next()
+            .await
+            .expect("the slow stream ends with a resume event");
+        if ev.event == "resume" {
+            break ev;
+        }
+        seen.push(ev.id.expect("an id"));
+    };
+    assert_eq!(seen, (0..seen.len() as u64).collect::<Vec<_>>());
+    assert!(
+        (seen.len() as u64) < last.expect("events") + 1,
+        "the slow stream fell behind"
+    );
+    assert_eq!(resume.id, None);
+    assert_eq!(
+        resume.data,
+        json!({"reason": "lagged", "last_event_id": seen.last()})
+    );
+    assert!(
+        slow.next().await.is_none(),
+        "the stream ends after the resume event"
+    );
+    // Resuming from its Last-Event-ID replays the rest from the store: no gap, no duplicate.
+    let rest = s
+        .events("/v1/sessions/a/events?follow=false", seen.last().copied())
+        .await
+        .rest()
+        .await;
+    let ids: Vec<u64> = seen
+        .iter()
+        .copied()
+        .chain(rest.iter().map(|e| e.id.expect("an id")))
+        .collect();
+    assert_eq!(ids, (0..ids.len() as u64).collect::<Vec<_>>());
+    assert_eq!(ids.last().copied(), last);
+    assert!(s.stop().success());
+}
