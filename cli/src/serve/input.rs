@@ -156,12 +156,14 @@ async fn send(
 ) -> Result<(StatusCode, Json<InputAck>), ApiError> {
     state.accepting()?;
     let started = std::time::Instant::now();
+    // Only an id the client chose can repeat; a minted one needs no look-up.
+    let client_id = body.id.is_some() || body.message.is_some();
     let message = body.into_message()?;
     let handle = state.agent(&id).await?;
     let lock = state.input_lock(handle.id());
     let _guard = lock.lock().await;
     let message_id = message.id.clone();
-    if let Some(seq) = spliced_seq(&handle, &message_id).await? {
+    if client_id && let Some(seq) = spliced_seq(&handle, &message_id).await? {
         return Ok((StatusCode::OK, Json(ack(&message_id, seq))));
     }
     let sent = match kind {
