@@ -13,11 +13,14 @@
 //! browser's `EventSource` does on its own) replays the rest from the store.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use dsh::session::Event;
+use dsh::session::store::SessionStore;
+use dsh::session::store::sqlite::SqliteStore;
 use dsh::turn::Status;
 use dsh_actors::{AgentHandle, Observation, Observed, Subscription};
 use futures::Stream;
@@ -84,6 +87,7 @@ pub async fn events(
     let end = state.inner.streams_end.clone();
     let gauge = state.inner.metrics.sse_subscribers.clone();
     gauge.inc();
+    let store = Arc::clone(state.store());
     tokio::spawn(async move {
         let _open = OpenStream(gauge);
         let next = match replay(&handle, plan.from, &tx).await {
@@ -92,7 +96,7 @@ pub async fn events(
         };
         if let Some(sub) = subscription {
             tokio::select! {
-                () = follow(&handle, sub, next, &tx) => {}
+                () = follow(&handle, &store, sub, next, &tx) => {}
                 () = end.cancelled() => {}
                 () = tx.closed() => {}
             }
@@ -146,6 +150,7 @@ async fn replay(handle: &AgentHandle, from: u64, tx: &mpsc::Sender<SseEvent>) ->
 /// Follows live durable events from seq `next` until the agent goes away or the client lags.
 async fn follow(
     handle: &AgentHandle,
+    store: &SqliteStore,
     mut sub: Subscription,
     mut next: u64,
     tx: &mpsc::Sender<SseEvent>,
@@ -160,7 +165,7 @@ async fn follow(
                     // Events already handed to the writer when the subscription opened are not
                     // published to it; they are durable now (seqs become durable in order), so the
                     // log has them.
-                    match fill_gap(handle, next, event.seq, tx).await {
+                    match fill_gap(handle, store, next, event.seq, tx).await {
                         Some(()) => next = event.seq,
                         None => {
                             let _ = tx.send(resume_event(next)).await;
@@ -187,15 +192,19 @@ async fn follow(
     }
 }
 
-/// Sends the events `from..to` from the agent's log; `None` when the log lacks them or the client
-/// went away.
+/// Sends the events `from..to` from the agent's log (or, when the agent is stopping, from the
+/// store: they are durable); `None` when neither has them or the client went away.
 async fn fill_gap(
     handle: &AgentHandle,
+    store: &SqliteStore,
     from: u64,
     to: u64,
     tx: &mpsc::Sender<SseEvent>,
 ) -> Option<()> {
-    let log = handle.log().await.ok()?;
+    let log = match handle.log().await {
+        Ok(log) if log.len() as u64 >= to => log,
+        _ => store.inspect(handle.id()).await.ok()?.events,
+    };
     let start = usize::try_from(from).ok()?;
     let end = usize::try_from(to).ok()?;
     let missing = log.get(start..end)?;
