@@ -271,7 +271,16 @@ pub fn import_with(
     };
     if zstd::is_zstd(head) {
         let decompressed = zstd::Decompressed::new(input, limits).map_err(read_error(1))?;
-        return import_lines(&mut io::BufReader::new(decompressed), limits, options);
+        let mut reader = io::BufReader::new(decompressed);
+        let mut imported = import_lines(&mut reader, limits, options)?;
+        if reader.get_ref().cut_short() && imported.torn_tail.is_none() {
+            imported.torn_tail = Some(TornTail {
+                line: imported.events.len() + 2,
+                reason: "the last zstd frame is incomplete: its write was cut short".into(),
+                n_lines: 0,
+            });
+        }
+        return Ok(imported);
     }
     import_lines(input, limits, options)
 }

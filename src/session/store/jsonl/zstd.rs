@@ -7,7 +7,10 @@
 //! file is called, and reads it through `Decompressed`, which keeps the plain importer's bounds on the
 //! decompressed text: no line longer than `Limits::event_bytes_max`, no more lines than
 //! `Limits::session_events_max` events and a header. A decompression bomb therefore fails with a
-//! clear error after at most one line's worth of memory, never by exhausting it.
+//! clear error after at most one line's worth of memory, never by exhausting it. An input that ends
+//! inside a frame (a batch whose write a crash cut short) is read as the original reads it: the
+//! complete lines decoded before the cut are kept and the rest is a torn tail; a frame that is
+//! damaged (a bad checksum or block) is an error.
 //!
 //! Decoding and encoding use the `zstd` crate (bindings to the reference C library, which the
 //! original's writer also produces its frames with): it verifies frame checksums and decodes
@@ -47,6 +50,8 @@ pub(super) struct Decompressed<'a, R: io::BufRead> {
     lines: usize,
     line_bytes_max: usize,
     lines_max: usize,
+    /// Set when the input ended inside a frame: a write of the original cut short by a crash.
+    cut_short: bool,
 }
 
 impl<R: io::BufRead> Decompressed<'_, R> {
@@ -63,7 +68,13 @@ impl<R: io::BufRead> Decompressed<'_, R> {
             // lets that reader report an exactly-at-the-bound line as it does for a plain log.
             line_bytes_max: limits.event_bytes_max.saturating_add(1),
             lines_max: limits.session_events_max.saturating_add(1),
+            cut_short: false,
         })
+    }
+
+    /// True when the input ended inside a frame (everything decoded before the cut was delivered).
+    pub(super) fn cut_short(&self) -> bool {
+        self.cut_short
     }
 
     /// Accounts for `bytes` just decompressed.
@@ -109,10 +120,20 @@ impl<R: io::BufRead> Decompressed<'_, R> {
 
 impl<R: io::BufRead> Read for Decompressed<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self
-            .decoder
-            .read(buf)
-            .map_err(|e| self.error(format!("the zstd stream is damaged or cut short: {e}")))?;
+        if self.cut_short {
+            return Ok(0);
+        }
+        let n = match self.decoder.read(buf) {
+            Ok(n) => n,
+            // The input ended inside a frame: a batch whose write never completed. Like the
+            // original, keep every line decoded before the cut and end the log there; the importer
+            // reports the cut as a torn tail.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                self.cut_short = true;
+                return Ok(0);
+            }
+            Err(e) => return Err(self.error(format!("the zstd stream is damaged: {e}"))),
+        };
         self.count(&buf[..n])?;
         Ok(n)
     }
@@ -230,7 +251,7 @@ mod tests {
         // The first two frames decode; the third, holding line 4, fails its checksum.
         assert_eq!(*line, 4);
         assert!(
-            reason.starts_with("the zstd stream is damaged or cut short: "),
+            reason.starts_with("the zstd stream is damaged: "),
             "{reason}"
         );
     }
@@ -267,5 +288,30 @@ mod tests {
                 == "line 12: the decompressed log holds more than 11 lines, the limit (a zstd bomb or a damaged log)",
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_frame_cut_short_is_a_torn_tail() {
+        let compressed = original_layout(LOG);
+        let full = import(&mut &compressed[..], &Limits::DEFAULT).unwrap();
+        assert_eq!(full.torn_tail, None);
+        let first = zstd::zstd_safe::find_frame_compressed_size(&compressed).unwrap();
+        let second = zstd::zstd_safe::find_frame_compressed_size(&compressed[first..]).unwrap();
+        let last = first + second;
+        let reason = "the last zstd frame is incomplete: its write was cut short";
+        // Cut inside the last frame's block (the `turn/end` batch): the lines of the first two
+        // frames load and the cut is reported where the next line would start.
+        let cut = &compressed[..last + 8];
+        let imported = import(&mut &cut[..], &Limits::DEFAULT).unwrap();
+        assert_eq!(imported.events, full.events[..2]);
+        let torn = imported.torn_tail.expect("the cut is reported");
+        assert_eq!((torn.line, torn.reason.as_str()), (4, reason));
+        // Cut inside the last frame's checksum: its block decoded whole, so its line is kept, as the
+        // original keeps the complete lines of a torn frame.
+        let cut = &compressed[..compressed.len() - 2];
+        let imported = import(&mut &cut[..], &Limits::DEFAULT).unwrap();
+        assert_eq!(imported.events, full.events);
+        let torn = imported.torn_tail.expect("the cut is reported");
+        assert_eq!((torn.line, torn.reason.as_str()), (5, reason));
     }
 }
