@@ -163,6 +163,34 @@ impl MessageId {
     }
 }
 
+/// Where an agent's new message ids come from. The pure turn machine never mints an id itself: the
+/// runtime lends it `MessageIds::random()`, and a test a deterministic source.
+#[derive(Clone)]
+pub struct MessageIds(Arc<dyn Fn() -> MessageId + Send + Sync>);
+
+impl MessageIds {
+    /// Fresh random ids (UUID v4), as the runtime uses.
+    pub fn random() -> MessageIds {
+        MessageIds(Arc::new(MessageId::mint))
+    }
+
+    /// Ids made by `mint`, e.g. a counter in a test.
+    pub fn from_fn(mint: impl Fn() -> MessageId + Send + Sync + 'static) -> MessageIds {
+        MessageIds(Arc::new(mint))
+    }
+
+    /// The next id.
+    pub fn next_id(&self) -> MessageId {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for MessageIds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("MessageIds")
+    }
+}
+
 impl fmt::Debug for MessageId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&*self.0, f)

@@ -103,6 +103,77 @@ impl ToolOutput {
             ..ToolOutput::default()
         }
     }
+
+    /// The error result of a call that was running when its turn was aborted: its body returned
+    /// after the cancel, or was killed (`detail` says how, when it matters to the model).
+    pub fn aborted(detail: Option<&str>) -> ToolOutput {
+        let message = match detail {
+            Some(detail) => format!("tool call aborted: {detail}"),
+            None => "tool call aborted".to_string(),
+        };
+        ToolOutput::error(message, error_info("AbortError", "ABORTED"))
+    }
+
+    /// The error result of a logged call whose body never started because its turn was aborted
+    /// first.
+    pub fn aborted_before_dispatch() -> ToolOutput {
+        ToolOutput::error(
+            "tool call aborted before dispatch",
+            error_info("AbortError", "ABORTED_BEFORE_DISPATCH"),
+        )
+    }
+
+    /// The error result of a body that ran past the tool timeout (`timeout_ms`) and was cancelled.
+    pub fn timed_out(timeout_ms: u128) -> ToolOutput {
+        ToolOutput::error(
+            format!("tool timed out after {timeout_ms} ms"),
+            error_info("ToolTimeoutError", "TIMEOUT"),
+        )
+    }
+
+    /// The error result of a body, or a tool hook, that panicked (`reason`: the panic's message).
+    pub fn panicked(reason: impl std::fmt::Display) -> ToolOutput {
+        ToolOutput::error(
+            format!("tool panicked: {reason}"),
+            error_info("ToolPanicError", "TOOL_PANICKED"),
+        )
+    }
+
+    /// The error result of a call to a tool the agent does not have.
+    pub fn unknown_tool(name: &str) -> ToolOutput {
+        ToolOutput::error(
+            format!("tool {name:?} not found"),
+            error_info("ToolNotFoundError", "UNKNOWN_TOOL"),
+        )
+    }
+
+    /// The error result of a call whose `pre_execute` or `post_execute` hook failed or panicked
+    /// (`reason`: the hook's error).
+    pub fn hook_failed(reason: impl std::fmt::Display) -> ToolOutput {
+        ToolOutput::error(
+            format!("tool hook failed: {reason}"),
+            error_info("ToolHookError", "TOOL_HOOK_FAILED"),
+        )
+    }
+
+    /// The result of a logged call whose outcome was lost because the tool pool itself failed.
+    pub fn outcome_unknown(reason: &str) -> ToolOutput {
+        ToolOutput::error(
+            format!("tool outcome unknown: the tool pool failed: {reason}"),
+            error_info(
+                "ToolOutcomeUnknownError",
+                crate::session::repair::TOOL_OUTCOME_UNKNOWN,
+            ),
+        )
+    }
+}
+
+/// The failure identity of a tool error result.
+fn error_info(name: &str, code: &str) -> Option<ToolErrorInfo> {
+    Some(ToolErrorInfo {
+        name: name.into(),
+        code: code.into(),
+    })
 }
 
 /// A tool the model can call.

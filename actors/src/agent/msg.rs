@@ -10,12 +10,11 @@ use dsh::session::Event;
 use dsh::session::event::CancelCause;
 use dsh::session::store::StoreError;
 use dsh::tools::ToolOutput;
-use dsh::turn::{ProviderFacts, Status};
+use dsh::turn::Status;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::handle::InputError;
-use crate::observe::Subscription;
 
 /// A reply channel. A closed one is normal (the caller gave up waiting).
 pub type Reply<T> = oneshot::Sender<T>;
@@ -88,9 +87,6 @@ pub enum AgentMsg {
     Status {
         reply: Reply<StatusReport>,
     },
-    Subscribe {
-        reply: Reply<Subscription>,
-    },
     /// The in-memory log (read back from the store if hibernated).
     Log {
         reply: Reply<Result<Vec<Event>, InputError>>,
@@ -124,7 +120,6 @@ pub enum AgentMsg {
     RequestConfigured {
         ticket: u64,
         result: Result<LlmCallConfig, HookError>,
-        facts: Option<ProviderFacts>,
     },
     Chunk {
         ticket: u64,
@@ -149,7 +144,7 @@ pub enum AgentMsg {
     PreExecuteDone {
         ticket: u64,
         idx: usize,
-        decision: PreExecute,
+        decision: Result<PreExecute, HookError>,
     },
     ToolFinished {
         ticket: u64,
@@ -159,20 +154,33 @@ pub enum AgentMsg {
     PostExecuteDone {
         ticket: u64,
         idx: usize,
-        output: ToolOutput,
+        output: Result<ToolOutput, HookError>,
     },
     TurnStoppingDone {
         ticket: u64,
         result: Result<TurnStoppingAction, HookError>,
     },
     /// The idle timer armed at convergence fired.
-    HibernateCheck {
-        epoch: u64,
-    },
+    HibernateCheck,
     /// Test-only: make the agent actor fail as a bug would.
     #[cfg(feature = "fault-injection")]
     Panic,
     /// Test-only: make the agent's tool pool fail as a bug would.
     #[cfg(feature = "fault-injection")]
     PanicToolPool,
+}
+
+impl AgentMsg {
+    /// Whether this message only looks at the agent: looking is not activity, so polling `status`
+    /// never keeps an agent awake.
+    pub(crate) fn is_looking(&self) -> bool {
+        matches!(
+            self,
+            AgentMsg::Status { .. }
+                | AgentMsg::WhenIdle { .. }
+                | AgentMsg::Log { .. }
+                | AgentMsg::LogReadForCaller { .. }
+                | AgentMsg::HibernateCheck
+        )
+    }
 }

@@ -5,8 +5,12 @@
 use std::collections::VecDeque;
 
 use super::*;
+use crate::hooks::{PreExecute, Recovery};
 use crate::llm::types::{BlockType, TokenUsage};
+use crate::llm::types::{ContentBlock, FinishReason, Role, StreamChunk};
+use crate::session::event::HeaderReason;
 use crate::session::invariant;
+use crate::tools::{ToolArgs, ToolInvocation, ToolOutput};
 
 fn user(text: &str) -> Message {
     Message::user_text(MessageId::mint(), text)
@@ -119,6 +123,41 @@ impl crate::tools::Tool for TestTool {
     }
 }
 
+/// The provider of route `p`: the harness answers its streams from the script, so it never streams.
+struct ScriptedRoute;
+
+impl crate::llm::provider::Provider for ScriptedRoute {
+    fn name(&self) -> &str {
+        "p"
+    }
+
+    fn stream(
+        &self,
+        _request: LlmRequest,
+        _cancel: tokio_util::sync::CancellationToken,
+    ) -> crate::llm::provider::ChunkStream {
+        unreachable!("the harness answers streams from its script")
+    }
+}
+
+/// `core` wired as the runtime would, with every hook point run by the harness, route `p`, and
+/// message ids `m1`, `m2`, ... in minting order.
+fn wired(mut core: AgentCore) -> AgentCore {
+    let mut providers = crate::llm::provider::ProviderRegistry::new();
+    providers.register(Arc::new(ScriptedRoute));
+    let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let ids = MessageIds::from_fn(move || {
+        let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        MessageId::new(&format!("m{i}")).expect("a valid id")
+    });
+    core.wire(Wiring {
+        hooks: crate::hooks::HookPoints::ALL,
+        providers,
+        ids,
+    });
+    core
+}
+
 type PreStepFn = Box<dyn FnMut(u64, u64, Vec<Arc<Message>>) -> Result<PreStepDecision, HookError>>;
 
 struct Harness {
@@ -159,7 +198,11 @@ impl Harness {
         let mut config = AgentConfig::new("p", "m");
         config.max_parallel_tool_calls = 2;
         Harness {
-            core: AgentCore::new(SessionId::new("a1").unwrap(), config, registry),
+            core: wired(AgentCore::new(
+                SessionId::new("a1").unwrap(),
+                config,
+                registry,
+            )),
             script: script.into(),
             requests: Vec::new(),
             live: Vec::new(),
@@ -212,12 +255,7 @@ impl Harness {
                 self.core.on_pre_step(ticket, decision, 0);
             }
             Effect::RunRequestHook { ticket, config, .. } => {
-                self.core.on_request_configured(
-                    ticket,
-                    Ok(config),
-                    Some(ProviderFacts::default()),
-                    0,
-                );
+                self.core.on_request_configured(ticket, Ok(config), 0);
             }
             Effect::StartStream {
                 ticket, request, ..
@@ -251,12 +289,14 @@ impl Harness {
             Effect::StartTimer { ticket, .. } => self.timers.push(ticket),
             Effect::CancelTimer { ticket } => self.timers.retain(|t| *t != ticket),
             Effect::RunPreExecute { ticket, idx, .. } => {
-                self.core.on_pre_execute(ticket, idx, PreExecute::Allow, 0);
+                self.core
+                    .on_pre_execute(ticket, idx, Ok(PreExecute::Allow), 0);
             }
             Effect::StartTool {
                 ticket,
                 idx,
                 invocation,
+                ..
             } => {
                 if self.auto_tools {
                     let out = self.output_for(&invocation.call_id);
@@ -270,18 +310,8 @@ impl Harness {
                 let running = std::mem::take(&mut self.running);
                 for (t, idx, _) in running {
                     assert_eq!(t, ticket);
-                    self.core.on_tool_finished(
-                        t,
-                        idx,
-                        ToolOutput::error(
-                            "tool call aborted",
-                            Some(ToolErrorInfo {
-                                name: "AbortError".into(),
-                                code: "ABORTED".into(),
-                            }),
-                        ),
-                        0,
-                    );
+                    self.core
+                        .on_tool_finished(t, idx, ToolOutput::aborted(None), 0);
                 }
             }
             Effect::RunPostExecute {
@@ -289,7 +319,7 @@ impl Harness {
                 idx,
                 output,
                 ..
-            } => self.core.on_post_execute(ticket, idx, output, 0),
+            } => self.core.on_post_execute(ticket, idx, Ok(output), 0),
             Effect::RunTurnStopping { ticket, .. } => {
                 let a = self.turn_stopping.pop_front().unwrap_or_default();
                 self.core.on_turn_stopping(ticket, Ok(a), 0);
@@ -1072,14 +1102,16 @@ fn resume_marks_the_seed_and_continues_turn_numbers() {
     let mut config = AgentConfig::new("p", "m");
     config.max_parallel_tool_calls = 1;
     let mut h2 = Harness::new(vec![text("two")]);
-    h2.core = AgentCore::resume(
-        SessionId::new("a1").unwrap(),
-        config,
-        ToolRegistry::new(),
-        events.clone(),
-        0,
-    )
-    .unwrap();
+    h2.core = wired(
+        AgentCore::resume(
+            SessionId::new("a1").unwrap(),
+            config,
+            ToolRegistry::new(),
+            events.clone(),
+            0,
+        )
+        .unwrap(),
+    );
     h2.followup("b");
     assert_eq!(h2.events()[events.len()].kind(), "session/end-seed");
     let headers: Vec<HeaderReason> = h2
@@ -1133,7 +1165,11 @@ fn an_oversized_response_is_cut_and_fails_the_attempt() {
     let mut h = Harness::new(vec![]);
     let mut config = h.core.config().clone();
     config.limits.assistant_bytes_max = 10;
-    h.core = AgentCore::new(SessionId::new("a1").unwrap(), config, ToolRegistry::new());
+    h.core = wired(AgentCore::new(
+        SessionId::new("a1").unwrap(),
+        config,
+        ToolRegistry::new(),
+    ));
     h.script.push_back(Reply::Chunks(text_chunks(
         "this text is too long",
         FinishReason::Stop,
