@@ -17,6 +17,18 @@ use crate::tools::{ToolArgs, ToolInvocation, ToolOutput};
 
 use super::{AgentCore, Effect, ResolvedTool, Stage};
 
+/// What `commit_ready_tool` did.
+enum Commit {
+    /// No result was ready (or one is in `post_execute`).
+    Nothing,
+    /// A final result (no `post_execute`) was committed.
+    Final,
+    /// A result was committed with no tool hooks to run.
+    Unhooked,
+    /// A result went to the `post_execute` hooks.
+    ToHooks,
+}
+
 /// The tool calls of one assistant message, in model order.
 #[derive(Debug)]
 pub(super) struct ToolBatch {
@@ -230,7 +242,13 @@ impl AgentCore {
     /// is settled, closes the step.
     fn pump_tools(&mut self, now: i64) {
         loop {
-            let committed = self.commit_ready_tool(now);
+            let committed = match self.commit_ready_tool(now) {
+                // As if `post_execute` had answered at once: its answer commits the next ready
+                // result before anything new starts.
+                Commit::Unhooked => continue,
+                Commit::Final | Commit::ToHooks => true,
+                Commit::Nothing => false,
+            };
             let started = self.start_next_tool(now);
             if !committed && !started {
                 break;
@@ -247,21 +265,25 @@ impl AgentCore {
     }
 
     /// Commits the next result in model order, through the `post_execute` hooks when there are any
-    /// and the result is not final. Returns whether anything moved.
-    fn commit_ready_tool(&mut self, now: i64) -> bool {
+    /// and the result is not final. Says what it did.
+    fn commit_ready_tool(&mut self, now: i64) -> Commit {
         let hooked = self.hook_points().tool;
         let batch = self.current_batch();
         if batch.post_executing.is_some() {
-            return false;
+            return Commit::Nothing;
         }
         let Some(idx) = batch.schedule.next_commit() else {
-            return false;
+            return Commit::Nothing;
         };
         let output = batch.outputs[idx]
             .take()
             .expect("a ready call has an output");
-        if !hooked || batch.final_result[idx] || batch.schedule.is_aborted() {
+        if batch.final_result[idx] || batch.schedule.is_aborted() {
             self.commit_tool(idx, output, now);
+            Commit::Final
+        } else if !hooked {
+            self.commit_tool(idx, output, now);
+            Commit::Unhooked
         } else {
             let ticket = batch.ticket;
             batch.post_executing = Some((idx, output.clone()));
@@ -273,8 +295,8 @@ impl AgentCore {
                 invocation,
                 output,
             });
+            Commit::ToHooks
         }
-        true
     }
 
     /// Logs the `tool/call` of the next call the schedule allows and puts it to the `pre_execute`
