@@ -47,32 +47,13 @@ pub enum Effect {
     NewCancelToken,
     /// Cancel the current token (the turn or maintenance task was aborted).
     CancelToken,
+    /// Run the hooks of one hook point (only emitted when the point has hooks); answer as the
+    /// call says.
+    RunHooks(HookCall),
     /// Read the log back from the store (the agent was hibernated); answer `on_log_loaded`.
     LoadLog {
         /// Names the answer.
         ticket: u64,
-    },
-    /// Run the `pre_step` hooks on the claimed batch; answer `on_pre_step`.
-    RunPreStep {
-        /// Names the answer.
-        ticket: u64,
-        /// The running turn.
-        turn: u64,
-        /// The proposed step.
-        step: u64,
-        /// The claimed batch the hooks decide on.
-        messages: Vec<Arc<Message>>,
-    },
-    /// Run the `request` hooks on the seed configuration; answer `on_request_configured`.
-    RunRequestHook {
-        /// Names the answer.
-        ticket: u64,
-        /// The running turn.
-        turn: u64,
-        /// The entered step.
-        step: u64,
-        /// The configuration the hooks start from.
-        config: LlmCallConfig,
     },
     /// Open a stream on `provider` (events before it are durable); forward chunks to `on_chunk` and
     /// the end to `on_stream_end`.
@@ -91,23 +72,6 @@ pub enum Effect {
         /// The attempt to close.
         ticket: u64,
     },
-    /// Offer a failed attempt to the `request_error` hooks; answer `on_recovery`.
-    RunRequestError {
-        /// Names the answer.
-        ticket: u64,
-        /// The running turn.
-        turn: u64,
-        /// The entered step.
-        step: u64,
-        /// The route of the failed attempt.
-        provider: String,
-        /// The serving provider's retry policy (`None`: no provider served the attempt).
-        retry_policy: Option<RetryPolicy>,
-        /// What went wrong.
-        failure: LlmFailure,
-        /// `llm/retry` events already in this turn and step.
-        retries: Vec<LlmRetry>,
-    },
     /// Arm a timer; answer `on_timer` when it fires.
     StartTimer {
         /// Names the answer.
@@ -119,15 +83,6 @@ pub enum Effect {
     CancelTimer {
         /// The timer to disarm.
         ticket: u64,
-    },
-    /// Run the `pre_execute` tool hooks for one call; answer `on_pre_execute`.
-    RunPreExecute {
-        /// The tool batch.
-        ticket: u64,
-        /// The call's index in the batch (model order).
-        idx: usize,
-        /// The call.
-        invocation: ToolInvocation,
     },
     /// Run one tool body (its `tool/call` is durable); answer `on_tool_finished`.
     StartTool {
@@ -146,26 +101,6 @@ pub enum Effect {
         /// The tool batch.
         ticket: u64,
     },
-    /// Run the `post_execute` tool hooks on a result about to commit; answer `on_post_execute`.
-    RunPostExecute {
-        /// The tool batch.
-        ticket: u64,
-        /// The call's index in the batch (model order).
-        idx: usize,
-        /// The call.
-        invocation: ToolInvocation,
-        /// The body's output, before the hooks.
-        output: ToolOutput,
-    },
-    /// Run the `turn_stopping` hooks; answer `on_turn_stopping`.
-    RunTurnStopping {
-        /// Names the answer.
-        ticket: u64,
-        /// The running turn.
-        turn: u64,
-        /// The last entered step.
-        step: u64,
-    },
     /// A turn ended with this reason (for reports and `dsh run` exit codes).
     TurnEnded {
         /// The turn that ended.
@@ -177,5 +112,79 @@ pub enum Effect {
     Fatal {
         /// Why, for the supervisor's log.
         reason: String,
+    },
+}
+
+/// One hook point to run, with what its hooks decide on. The runtime runs it with the matching
+/// `dsh::hooks::run_*` function off its handler and feeds the answer back with the ticket.
+#[derive(Clone, Debug)]
+pub enum HookCall {
+    /// The `pre_step` hooks on the claimed batch; answer `on_pre_step`.
+    PreStep {
+        /// Names the answer.
+        ticket: u64,
+        /// The running turn.
+        turn: u64,
+        /// The proposed step.
+        step: u64,
+        /// The claimed batch the hooks decide on.
+        messages: Vec<Arc<Message>>,
+    },
+    /// The `request` hooks on the seed configuration; answer `on_request_configured`.
+    Request {
+        /// Names the answer.
+        ticket: u64,
+        /// The running turn.
+        turn: u64,
+        /// The entered step.
+        step: u64,
+        /// The configuration the hooks start from.
+        config: LlmCallConfig,
+    },
+    /// The `request_error` hooks, on a failed attempt; answer `on_recovery`.
+    RequestError {
+        /// Names the answer.
+        ticket: u64,
+        /// The running turn.
+        turn: u64,
+        /// The entered step.
+        step: u64,
+        /// The route of the failed attempt.
+        provider: String,
+        /// The serving provider's retry policy (`None`: no provider served the attempt).
+        retry_policy: Option<RetryPolicy>,
+        /// What went wrong.
+        failure: LlmFailure,
+        /// `llm/retry` events already in this turn and step.
+        retries: Vec<LlmRetry>,
+    },
+    /// The `pre_execute` tool hooks for one call; answer `on_pre_execute`.
+    PreExecute {
+        /// The tool batch.
+        ticket: u64,
+        /// The call's index in the batch (model order).
+        idx: usize,
+        /// The call.
+        invocation: ToolInvocation,
+    },
+    /// The `post_execute` tool hooks on a result about to commit; answer `on_post_execute`.
+    PostExecute {
+        /// The tool batch.
+        ticket: u64,
+        /// The call's index in the batch (model order).
+        idx: usize,
+        /// The call.
+        invocation: ToolInvocation,
+        /// The body's output, before the hooks.
+        output: ToolOutput,
+    },
+    /// The `turn_stopping` hooks; answer `on_turn_stopping`.
+    TurnStopping {
+        /// Names the answer.
+        ticket: u64,
+        /// The running turn.
+        turn: u64,
+        /// The last entered step.
+        step: u64,
     },
 }

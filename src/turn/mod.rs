@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use serde_json::Number;
 
-pub use self::effect::{Effect, ResolvedProvider, ResolvedTool};
+pub use self::effect::{Effect, HookCall, ResolvedProvider, ResolvedTool};
 use self::request::Attempt;
 use self::tools::ToolBatch;
 use crate::hooks::HookPoints;
@@ -992,12 +992,12 @@ impl AgentCore {
         let ticket = self.ticket();
         self.run_mut().stage = Stage::PreStep { ticket, proposed };
         if self.hook_points().pre_step {
-            self.effects.push(Effect::RunPreStep {
+            self.effects.push(Effect::RunHooks(HookCall::PreStep {
                 ticket,
                 turn,
                 step: proposed,
                 messages: claimed,
-            });
+            }));
         } else {
             self.on_pre_step(ticket, Ok(PreStepDecision::Enter(claimed)), now);
         }
@@ -1035,8 +1035,11 @@ impl AgentCore {
             let ticket = self.ticket();
             self.run_mut().stage = Stage::TurnStopping { ticket };
             if self.hook_points().turn_stopping {
-                self.effects
-                    .push(Effect::RunTurnStopping { ticket, turn, step });
+                self.effects.push(Effect::RunHooks(HookCall::TurnStopping {
+                    ticket,
+                    turn,
+                    step,
+                }));
             } else {
                 self.on_turn_stopping(ticket, Ok(TurnStoppingAction::default()), now);
             }

@@ -24,7 +24,7 @@ use crate::session::event::{
 use crate::session::log::EventDraft;
 use crate::tools::schedule::PlannedCall;
 
-use super::{AgentCore, Effect, Phase, ResolvedProvider, Stage};
+use super::{AgentCore, Effect, HookCall, Phase, ResolvedProvider, Stage};
 
 /// One request attempt: its stream, assembled as it arrives.
 #[derive(Debug)]
@@ -382,12 +382,12 @@ impl AgentCore {
         let (turn, step) = (run.turn, run.step);
         run.stage = Stage::Request { ticket, messages };
         if self.hook_points().request {
-            self.effects.push(Effect::RunRequestHook {
+            self.effects.push(Effect::RunHooks(HookCall::Request {
                 ticket,
                 turn,
                 step,
                 config,
-            });
+            }));
         } else {
             self.on_request_configured(ticket, Ok(config), now);
         }
@@ -464,7 +464,7 @@ impl AgentCore {
             if !self.hook_points().request_error {
                 return self.on_recovery(ticket, Ok(Recovery::Delegate), now);
             }
-            self.effects.push(Effect::RunRequestError {
+            self.effects.push(Effect::RunHooks(HookCall::RequestError {
                 ticket,
                 turn,
                 step,
@@ -472,7 +472,7 @@ impl AgentCore {
                 retry_policy: attempt.retry_policy,
                 failure: failure.clone(),
                 retries,
-            });
+            }));
             return;
         }
         let content = match attempt.assembler.blocks() {

@@ -15,7 +15,7 @@ use crate::session::log::EventDraft;
 use crate::tools::schedule::{PlannedCall, SlotState, ToolSchedule};
 use crate::tools::{ToolArgs, ToolInvocation, ToolOutput};
 
-use super::{AgentCore, Effect, ResolvedTool, Stage};
+use super::{AgentCore, Effect, HookCall, ResolvedTool, Stage};
 
 /// What `commit_ready_tool` did.
 enum Commit {
@@ -289,12 +289,12 @@ impl AgentCore {
             batch.post_executing = Some((idx, output.clone()));
             let call = batch.schedule.call(idx).clone();
             let invocation = self.invocation(&call);
-            self.effects.push(Effect::RunPostExecute {
+            self.effects.push(Effect::RunHooks(HookCall::PostExecute {
                 ticket,
                 idx,
                 invocation,
                 output,
-            });
+            }));
             Commit::ToHooks
         }
     }
@@ -328,11 +328,11 @@ impl AgentCore {
         batch.call_seqs[idx] = Some(seq);
         if hooked {
             batch.pre_executing = Some(idx);
-            self.effects.push(Effect::RunPreExecute {
+            self.effects.push(Effect::RunHooks(HookCall::PreExecute {
                 ticket,
                 idx,
                 invocation,
-            });
+            }));
         } else {
             self.decide_pre_execute(idx, Ok(PreExecute::Allow));
         }

@@ -33,7 +33,9 @@ use dsh::llm::types::{LlmRequest, StreamChunk};
 use dsh::session::Event;
 use dsh::session::store::EncodedEvent;
 use dsh::tools::ToolInvocation;
-use dsh::turn::{Ack, AgentCore, Effect, LiveEvent, ResolvedProvider, ResolvedTool, Wiring};
+use dsh::turn::{
+    Ack, AgentCore, Effect, HookCall, LiveEvent, ResolvedProvider, ResolvedTool, Wiring,
+};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
@@ -216,7 +218,49 @@ impl AgentActor {
             Effect::NewCancelToken => state.token = CancellationToken::new(),
             Effect::CancelToken => state.token.cancel(),
             Effect::LoadLog { ticket } => self.load_log_once_durable(state, ticket),
-            Effect::RunPreStep {
+            Effect::RunHooks(call) => self.run_hooks(state, call),
+            Effect::StartStream {
+                ticket,
+                provider_name,
+                provider,
+                request,
+            } => {
+                self.start_stream(state, ticket, provider_name, provider, request)
+                    .await?
+            }
+            Effect::CancelStream { ticket } => Self::cancel_stream(state, ticket),
+            Effect::StartTimer { ticket, delay_ms } => Self::start_timer(state, ticket, delay_ms),
+            Effect::CancelTimer { ticket } => Self::cancel_timer(state, ticket),
+            Effect::StartTool {
+                ticket,
+                idx,
+                invocation,
+                tool,
+            } => {
+                self.start_tool(state, ticket, idx, invocation, tool)
+                    .await?
+            }
+            Effect::CancelTools { ticket } => {
+                if let Some(pool) = &state.pool {
+                    let _ = pool.cast(PoolMsg::Cancel { ticket });
+                }
+            }
+            Effect::TurnEnded { turn, reason } => {
+                debug!(agent = %state.id(), turn, reason = reason.kind(), "turn ended");
+                self.runtime.metrics.turn_ended();
+            }
+            Effect::Fatal { reason } => {
+                return Err(format!("agent {}: {reason}", state.id()).into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the hooks of one hook point on a task (`dsh::hooks::run_*`, which contains panics); the
+    /// task reports the answer with the call's ticket.
+    fn run_hooks(&self, state: &AgentState, call: HookCall) {
+        match call {
+            HookCall::PreStep {
                 ticket,
                 turn,
                 step,
@@ -232,7 +276,7 @@ impl AgentActor {
                     result,
                 });
             }
-            Effect::RunRequestHook {
+            HookCall::Request {
                 ticket,
                 turn,
                 step,
@@ -244,17 +288,7 @@ impl AgentActor {
                     AgentMsg::RequestConfigured { ticket, result }
                 });
             }
-            Effect::StartStream {
-                ticket,
-                provider_name,
-                provider,
-                request,
-            } => {
-                self.start_stream(state, ticket, provider_name, provider, request)
-                    .await?
-            }
-            Effect::CancelStream { ticket } => Self::cancel_stream(state, ticket),
-            Effect::RunRequestError {
+            HookCall::RequestError {
                 ticket,
                 turn,
                 step,
@@ -276,9 +310,7 @@ impl AgentActor {
                     AgentMsg::RecoveryDecided { ticket, result }
                 });
             }
-            Effect::StartTimer { ticket, delay_ms } => Self::start_timer(state, ticket, delay_ms),
-            Effect::CancelTimer { ticket } => Self::cancel_timer(state, ticket),
-            Effect::RunPreExecute {
+            HookCall::PreExecute {
                 ticket,
                 idx,
                 invocation,
@@ -293,21 +325,7 @@ impl AgentActor {
                     }
                 });
             }
-            Effect::StartTool {
-                ticket,
-                idx,
-                invocation,
-                tool,
-            } => {
-                self.start_tool(state, ticket, idx, invocation, tool)
-                    .await?
-            }
-            Effect::CancelTools { ticket } => {
-                if let Some(pool) = &state.pool {
-                    let _ = pool.cast(PoolMsg::Cancel { ticket });
-                }
-            }
-            Effect::RunPostExecute {
+            HookCall::PostExecute {
                 ticket,
                 idx,
                 invocation,
@@ -323,22 +341,14 @@ impl AgentActor {
                     }
                 });
             }
-            Effect::RunTurnStopping { ticket, turn, step } => {
+            HookCall::TurnStopping { ticket, turn, step } => {
                 let ctx = self.hook_ctx(state, turn, step);
                 let work = run_turn_stopping(self.hooks.turn_stopping.clone(), ctx);
                 spawn_hook(&state.myself, work, move |result| {
                     AgentMsg::TurnStoppingDone { ticket, result }
                 });
             }
-            Effect::TurnEnded { turn, reason } => {
-                debug!(agent = %state.id(), turn, reason = reason.kind(), "turn ended");
-                self.runtime.metrics.turn_ended();
-            }
-            Effect::Fatal { reason } => {
-                return Err(format!("agent {}: {reason}", state.id()).into());
-            }
         }
-        Ok(())
     }
 
     /// Publishes a live notification (and logs a failed turn).
@@ -650,11 +660,7 @@ impl AgentActor {
             }
             AgentMsg::Log { reply } => self.answer_log(state, reply),
             AgentMsg::LogReadForCaller { result, reply } => {
-                let id = state.id().clone();
-                deliver(
-                    reply,
-                    result.map_err(|reason| InputError::Store { id, reason }),
-                );
+                Self::answer_log_read(state, result, reply)
             }
             AgentMsg::BeginMaintenance { reply } => self.begin_maintenance(state, reply).await?,
             AgentMsg::EndMaintenance => state.core.end_maintenance(now),
@@ -676,12 +682,7 @@ impl AgentActor {
             AgentMsg::RecoveryDecided { ticket, result } => {
                 state.core.on_recovery(ticket, result, now);
             }
-            AgentMsg::TimerFired { ticket } => {
-                if state.timer.as_ref().is_some_and(|(t, _)| *t == ticket) {
-                    state.timer = None;
-                }
-                state.core.on_timer(ticket, now);
-            }
+            AgentMsg::TimerFired { ticket } => Self::on_timer_fired(state, ticket, now),
             AgentMsg::PreExecuteDone {
                 ticket,
                 idx,
@@ -749,6 +750,27 @@ impl AgentActor {
                 reply,
             }),
         }
+    }
+
+    /// Answers a `log` call with the log read back from the store.
+    fn answer_log_read(
+        state: &AgentState,
+        result: Result<Vec<Event>, String>,
+        reply: Reply<Result<Vec<Event>, InputError>>,
+    ) {
+        let id = state.id().clone();
+        deliver(
+            reply,
+            result.map_err(|reason| InputError::Store { id, reason }),
+        );
+    }
+
+    /// The backoff timer of `ticket` fired.
+    fn on_timer_fired(state: &mut AgentState, ticket: u64, now: i64) {
+        if state.timer.as_ref().is_some_and(|(t, _)| *t == ticket) {
+            state.timer = None;
+        }
+        state.core.on_timer(ticket, now);
     }
 
     /// Enters maintenance if the agent is idle and answers with the maintenance task's token.
