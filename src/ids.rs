@@ -21,18 +21,30 @@ use crate::limits::Limits;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum IdError {
+    /// The id is empty.
     #[error("{what} is empty")]
-    Empty { what: &'static str },
+    Empty {
+        /// Which kind of id.
+        what: &'static str,
+    },
+    /// The id is longer than the limit.
     #[error("{what} is {bytes} bytes, the limit is {bytes_max}")]
     TooLong {
+        /// Which kind of id.
         what: &'static str,
+        /// Its length.
         bytes: usize,
+        /// The limit.
         bytes_max: usize,
     },
+    /// The id holds a character that is not allowed.
     #[error("{what} {shown:?} has a character that is not allowed at byte {at}")]
     BadChar {
+        /// Which kind of id.
         what: &'static str,
+        /// The id, shortened for the message.
         shown: String,
+        /// The byte offset of the character.
         at: usize,
     },
 }
@@ -84,6 +96,7 @@ impl SessionId {
         SessionId(Arc::from(format!("s-{id}").as_str()))
     }
 
+    /// The id as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -158,6 +171,7 @@ impl MessageId {
         MessageId(Arc::from(uuid::Uuid::new_v4().to_string().as_str()))
     }
 
+    /// The id as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }

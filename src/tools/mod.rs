@@ -32,7 +32,9 @@ pub enum ExecutionMode {
 /// the raw string when it is not valid JSON (the tool then validates or rejects it).
 #[derive(Clone, Debug, PartialEq)]
 pub enum ToolArgs {
+    /// The arguments parsed as JSON (`{}` for an empty string).
     Json(Value),
+    /// The raw string, which is not valid JSON.
     Raw(String),
 }
 
@@ -60,18 +62,24 @@ impl ToolArgs {
 /// One tool call as handed to `Tool::execute`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolInvocation {
+    /// The agent.
     pub session_id: SessionId,
+    /// The turn of the call.
     pub turn: u64,
+    /// The step of the call.
     pub step: u64,
     /// The model's call id.
     pub call_id: String,
+    /// The tool called.
     pub name: String,
+    /// The call's arguments.
     pub arguments: ToolArgs,
 }
 
 /// What a tool call produced.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ToolOutput {
+    /// The model sees this result as an error.
     pub is_error: bool,
     /// The model-facing result content.
     pub content: Vec<ContentBlock>,
@@ -179,7 +187,9 @@ fn error_info(name: &str, code: &str) -> Option<ToolErrorInfo> {
 /// A tool the model can call.
 #[async_trait]
 pub trait Tool: Send + Sync + 'static {
+    /// The name the model calls the tool by.
     fn name(&self) -> &str;
+    /// What the tool does, for the model.
     fn description(&self) -> &str;
     /// The JSON schema of the arguments object.
     fn parameters(&self) -> Value;

@@ -50,19 +50,24 @@ use crate::tools::ToolRegistry;
 pub struct AgentConfig {
     /// The provider route of the first request (a `request` hook may re-route).
     pub provider: String,
+    /// The model of the first request.
     pub model: String,
     /// Output cap per request; `None` lets the provider's default apply.
     pub max_tokens: Option<u64>,
+    /// Sampling temperature; `None` lets the provider's default apply.
     pub temperature: Option<Number>,
+    /// Reasoning effort (`low`, `medium`, `high`); `None` lets the provider's default apply.
     pub reasoning_effort: Option<String>,
     /// The system prompt (logged in `request/header`).
     pub system: Option<String>,
     /// Bodies running at once in a parallel tool group; 1 = serial. Invariant: >= 1.
     pub max_parallel_tool_calls: usize,
+    /// The bounds the machine enforces (message sizes, inbox, tool results).
     pub limits: Limits,
 }
 
 impl AgentConfig {
+    /// The settings of an agent on `provider` and `model`, everything else at its default.
     pub fn new(provider: &str, model: &str) -> AgentConfig {
         AgentConfig {
             provider: provider.to_string(),
@@ -81,7 +86,9 @@ impl AgentConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
+    /// No activation runs.
     Idle,
+    /// An activation runs.
     Running,
 }
 
@@ -93,13 +100,21 @@ pub enum LiveEvent {
     /// `agent/inbox/inserted`
     InboxInserted(Arc<Message>),
     /// `agent/inbox/claimed`
-    InboxClaimed { message: Arc<Message>, turn: u64 },
+    InboxClaimed {
+        /// The claimed message.
+        message: Arc<Message>,
+        /// The turn that claimed it.
+        turn: u64,
+    },
     /// `agent/inbox/discarded`
     InboxDiscarded(Arc<Message>),
     /// `agent/error`: a turn failed (never for cancellation). `step` is the last entered step.
     Error {
+        /// The failed turn.
         turn: u64,
+        /// Its last entered step.
         step: u64,
+        /// What went wrong.
         error: LlmFailure,
     },
 }
@@ -108,18 +123,33 @@ pub enum LiveEvent {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("agent {id} already has active work")]
 pub struct Busy {
+    /// The busy agent.
     pub id: SessionId,
 }
 
 /// Why a log could not become an agent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ResumeError {
+    /// An event does not replay.
     #[error("log is invalid at seq {seq}: {reason}")]
-    InvalidLog { seq: u64, reason: String },
+    InvalidLog {
+        /// The first event that does not replay.
+        seq: u64,
+        /// Why.
+        reason: String,
+    },
+    /// The inbox splices do not replay.
     #[error("inbox cannot be rebuilt: {0}")]
-    Inbox(String),
+    Inbox(
+        /// Why.
+        String,
+    ),
+    /// The last turn is open.
     #[error("the log's last turn {turn} is still open (repair it before resuming)")]
-    OpenTurn { turn: u64 },
+    OpenTurn {
+        /// The open turn.
+        turn: u64,
+    },
 }
 
 /// `Some(seq)`: acknowledge once events through `seq` are durable; `None`: nothing was written.
@@ -334,10 +364,12 @@ impl AgentCore {
         Ok(core)
     }
 
+    /// The agent's id.
     pub fn id(&self) -> &SessionId {
         &self.id
     }
 
+    /// The agent's settings.
     pub fn config(&self) -> &AgentConfig {
         &self.config
     }
@@ -347,14 +379,17 @@ impl AgentCore {
         &self.config
     }
 
+    /// The tools the agent's model may call.
     pub fn tools(&self) -> &ToolRegistry {
         &self.tools
     }
 
+    /// The pending input.
     pub fn inbox(&self) -> &Inbox {
         &self.inbox
     }
 
+    /// `running` while an activation runs.
     pub fn status(&self) -> Status {
         match self.phase {
             Phase::Running(_) => Status::Running,
@@ -367,6 +402,7 @@ impl AgentCore {
         matches!(self.phase, Phase::Idle)
     }
 
+    /// The log is dropped from memory (only the store holds it).
     pub fn is_hibernated(&self) -> bool {
         matches!(self.log, Log::Hibernated { .. })
     }
