@@ -16,6 +16,15 @@
 //! What must stay true (checked by `session::invariant` in tests): turns and steps balance on every
 //! path; every `tool/call` gets exactly one `tool/result` in its step; an input is exactly one of
 //! claimed into a `user/message`, discarded by a logged splice, or still pending.
+//!
+//! Nothing from the outside world is read here: time enters as the `now` argument of every input,
+//! and the runtime lends the rest when it takes the core up (`Wiring`): which hook points have hooks
+//! (a point without one is answered by the core itself, with no effect), the provider registry (a
+//! route is resolved once; a missing one fails with `NO_ADAPTER` here), and the source of message ids.
+//!
+//! Files: `mod.rs` the phases, inputs from the handle and the turn/step skeleton; `effect.rs` what
+//! the core asks of the runtime; `request.rs` a step's request attempts, stream and recovery;
+//! `tools.rs` a step's tool batch.
 
 mod effect;
 mod request;

@@ -3,10 +3,11 @@
 //!
 //! The handler decides and sends; it never waits for a model, a tool, a hook or a disk. Every message
 //! becomes one call on the core; the core answers with effects, which the actor executes in order:
-//! work that needs no waiting (a hook point with no hooks registered) is answered on the spot, the
-//! rest goes to a child — the LLM stream actor, the tool-pool supervisor, the session writer — or to a
-//! task that reports back with the effect's ticket. So a steer or a cancel is handled the moment it
-//! arrives, whatever the model or a tool is doing.
+//! a hook point goes to a task running `dsh::hooks::run_*` (the core only asks for points that have
+//! hooks), a stream or a tool to a child — the LLM stream actor, the tool-pool supervisor — events
+//! to the session writer, and each task or child reports back with the effect's ticket. So a steer or
+//! a cancel is handled the moment it arrives, whatever the model or a tool is doing. The actor builds
+//! no result and decides no failure: every tool error result and attempt failure comes from `dsh`.
 //!
 //! The wake latch of the original is the core's deferred wake: a waking input that arrives while the
 //! agent converges from an abort or runs maintenance is recorded and replayed at convergence.
