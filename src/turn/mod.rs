@@ -266,8 +266,9 @@ pub struct AgentCore {
     header_logged: bool,
     next_ticket: u64,
     effects: Vec<Effect>,
-    /// What the runtime lent this core (`None` until it is wired: no hooks, no providers, no ids).
-    wiring: Option<Wiring>,
+    /// What the runtime lent this core (`None` until it is wired, and again once it hibernates: no
+    /// hooks, no providers, no ids). Boxed: a dormant core keeps only the pointer's worth.
+    wiring: Option<Box<Wiring>>,
 }
 
 /// What the runtime lends the core when an actor takes it up: which hook points have hooks, the
@@ -478,7 +479,7 @@ impl AgentCore {
     /// Lends the core what it needs from the runtime (see `Wiring`); the actor does this each time it
     /// takes the core up, before feeding it any input.
     pub fn wire(&mut self, wiring: Wiring) {
-        self.wiring = Some(wiring);
+        self.wiring = Some(Box::new(wiring));
     }
 
     /// Takes the queued effects.
@@ -618,8 +619,8 @@ impl AgentCore {
         }
     }
 
-    /// Drops the in-memory log if the agent is idle and everything is durable. Returns whether it
-    /// hibernated.
+    /// Drops the in-memory log (and the wiring: the actor that wakes the agent wires it again) if the
+    /// agent is idle and everything is durable. Returns whether it hibernated.
     pub fn hibernate(&mut self) -> bool {
         let next_seq = self.next_seq();
         if !self.is_idle() || self.durable_seq < next_seq || self.sent_seq < next_seq {
@@ -631,6 +632,7 @@ impl AgentCore {
                 tail: Vec::new(),
             };
         }
+        self.wiring = None;
         true
     }
 

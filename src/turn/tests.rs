@@ -1096,6 +1096,8 @@ fn a_hibernated_agent_reads_its_log_back_before_the_next_turn() {
     let stored = h.events().to_vec();
     assert!(h.core.hibernate());
     assert!(h.core.session().is_none());
+    // As the actor that wakes a dormant agent does.
+    h.core.wire(wiring(crate::hooks::HookPoints::ALL));
     h.core.inject(user("ctx"), 0).unwrap();
     h.followup("b");
     let ticket = h.loads.pop().expect("a load was requested");
