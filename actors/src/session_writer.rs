@@ -16,9 +16,9 @@ use dsh::session::store::{EncodedEvent, SessionStore, StoreError};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::debug;
 
-use crate::agent::handle::AgentSlot;
 use crate::agent::msg::AgentMsg;
-use crate::host::Metrics;
+use crate::runtime::Metrics;
+use crate::slot::AgentSlot;
 
 pub(crate) enum WriterMsg {
     /// Events to write, contiguous with everything sent before.

@@ -25,7 +25,6 @@ use dsh::hooks::{
     HookCtx, HookError, Hooks, PreStepDecision, PreStepHook, TurnStoppingAction, TurnStoppingHook,
 };
 use dsh::llm::provider::ProviderRegistry;
-use dsh::llm::retry::RetryHook;
 use dsh::llm::script::{Gates, ScriptProvider};
 use dsh::llm::types::Message;
 use dsh::scenario::{
@@ -41,7 +40,7 @@ use dsh::turn::AgentConfig;
 use tokio_util::sync::CancellationToken;
 
 use crate::CliError;
-use dsh_actors::{AgentHandle, AgentSpec, Host, HostConfig};
+use dsh_actors::{AgentHandle, AgentSpec, DefaultRetry, Host, HostConfig};
 
 /// How often `wait_for` polls the store.
 const POLL_INTERVAL: Duration = Duration::from_millis(1);
@@ -181,11 +180,11 @@ impl World {
                 n_stops: Mutex::new(HashMap::new()),
             }));
         }
-        if let Some(policy) = &scenario.hooks.request_error {
-            hooks
-                .request_error
-                .push(Arc::new(RetryHook::with_policy(policy.clone())));
-        }
+        // `request_error: {retries: N}` sets the host's default retry; without it nothing retries.
+        let retry = match &scenario.hooks.request_error {
+            Some(policy) => DefaultRetry::Policy(policy.clone()),
+            None => DefaultRetry::Off,
+        };
         let mut config = HostConfig {
             hibernate_after: None,
             ..HostConfig::default()
@@ -206,6 +205,7 @@ impl World {
             .providers(providers)
             .tools(tools)
             .hooks(hooks)
+            .retry(retry)
             .config(config)
             .start()
             .await
