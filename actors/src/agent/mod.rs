@@ -599,7 +599,7 @@ impl AgentActor {
             let myself = state.myself.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(after).await;
-                let _ = myself.cast(AgentMsg::HibernateCheck { epoch: 0 });
+                let _ = myself.cast(AgentMsg::HibernateCheck);
             });
         }
         Ok(())
@@ -724,8 +724,7 @@ impl AgentActor {
                 | AgentMsg::WhenIdle { .. }
                 | AgentMsg::Log { .. }
                 | AgentMsg::LogReadForCaller { .. }
-                | AgentMsg::Subscribe { .. }
-                | AgentMsg::HibernateCheck { .. }
+                | AgentMsg::HibernateCheck
         );
         if !looking {
             state.last_activity = Instant::now();
@@ -785,7 +784,6 @@ impl AgentActor {
             AgentMsg::Status { reply } => {
                 deliver(reply, StatusReport::of(&state.core, state.failed.clone()));
             }
-            AgentMsg::Subscribe { reply } => deliver(reply, self.slot.observers.subscribe()),
             AgentMsg::Log { reply } => match state.core.session() {
                 Some(session) => deliver(reply, Ok(session.events().to_vec())),
                 None => self.read_log_back(state, move |result| AgentMsg::LogReadForCaller {
@@ -863,7 +861,7 @@ impl AgentActor {
                     let _ = pool.cast(PoolMsg::Panic);
                 }
             }
-            AgentMsg::HibernateCheck { .. } => {
+            AgentMsg::HibernateCheck => {
                 state.hibernate_armed = false;
                 let after = self.runtime.config.hibernate_after.unwrap_or(Duration::MAX);
                 let quiet = state.acks.is_empty()

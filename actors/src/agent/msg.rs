@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::InputError;
-use crate::observe::{StatusReport, Subscription};
+use crate::observe::StatusReport;
 
 /// A reply channel. A closed one is normal (the caller gave up waiting).
 pub type Reply<T> = oneshot::Sender<T>;
@@ -53,9 +53,6 @@ pub enum AgentMsg {
     },
     Status {
         reply: Reply<StatusReport>,
-    },
-    Subscribe {
-        reply: Reply<Subscription>,
     },
     /// The in-memory log (read back from the store if hibernated).
     Log {
@@ -132,9 +129,7 @@ pub enum AgentMsg {
         result: Result<TurnStoppingAction, HookError>,
     },
     /// The idle timer armed at convergence fired.
-    HibernateCheck {
-        epoch: u64,
-    },
+    HibernateCheck,
     /// Test-only: make the agent actor fail as a bug would.
     #[cfg(feature = "fault-injection")]
     Panic,
