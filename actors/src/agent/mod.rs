@@ -558,7 +558,7 @@ impl AgentActor {
             store: Arc::clone(&self.runtime.store),
             id: state.id().clone(),
             agent: state.myself.clone(),
-            slot: Arc::clone(&self.slot),
+            fence: Arc::clone(&self.slot.write_fence),
             metrics: Arc::clone(&self.runtime.metrics),
         };
         let (w, _) =
