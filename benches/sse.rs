@@ -1,4 +1,4 @@
-//! SSE parsing plus translation throughput (`sse::ChunkDecoder`), against a same-run baseline that
+//! SSE parsing plus translation throughput (`openai::ChunkDecoder`), against a same-run baseline that
 //! only scans the same bytes for line ends (the least any SSE parser must do).
 //!
 //! The body is a realistic DeepSeek stream — reasoning deltas, text deltas, two interleaved tool
@@ -10,7 +10,8 @@ use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use dsh::limits::Limits;
-use dsh::llm::sse::{ChunkDecoder, SseDecoder};
+use dsh::llm::openai::ChunkDecoder;
+use dsh::llm::sse::SseDecoder;
 use serde_json::json;
 
 const SEGMENT_BYTES: usize = 1460;

@@ -1,7 +1,8 @@
 //! Provider conformance: the `openai` provider against a real HTTP server on 127.0.0.1
 //! (`support::fake_server`), the §7.6 reference behaviours and §9.29 adapter cases, byte-boundary
-//! splitting of every valid stream, the API-key canary, the provider registry, and an opt-in live
-//! DeepSeek round trip.
+//! splitting of every valid stream, the API-key canary, base URLs with a query or with userinfo
+//! (sent as HTTP Basic, shown nowhere: not in chunks, errors, TRACE logs or session events), the
+//! provider registry, and an opt-in live DeepSeek round trip.
 //!
 //! Every scenario is an `async fn` that asserts exact chunks and returns what it saw, so the canary
 //! test can run the whole catalogue again under a TRACE-level log capture and search everything for
@@ -17,10 +18,10 @@ use std::time::Duration;
 
 use dsh::ids::{MessageId, SessionId};
 use dsh::limits::Limits;
+use dsh::llm::openai::ChunkDecoder;
 use dsh::llm::openai::{ApiKey, OpenAiConfig, OpenAiProvider};
 use dsh::llm::script::{Gates, ScriptEntry, ScriptProvider};
 use dsh::llm::sim::{SimConfig, SimProvider};
-use dsh::llm::sse::ChunkDecoder;
 use dsh::llm::types::{
     ContentBlock, FinishReason, LlmCallConfig, LlmFailure, LlmRequest, Message, MessageSource,
     Role, StreamChunk, ToolSchema,
@@ -696,6 +697,116 @@ async fn scenario_missing_key() -> Vec<StreamChunk> {
     out
 }
 
+/// The password a base URL carries in the userinfo tests, as it appears in the URL and decoded.
+const URL_PASSWORD_ENCODED: &str = "s3cret%2Fpw-9f2c";
+const URL_PASSWORD: &str = "s3cret/pw-9f2c";
+/// `base64("us@er:s3cret/pw-9f2c")`: the Basic credentials that userinfo stands for.
+const URL_BASIC: &str = "Basic dXNAZXI6czNjcmV0L3B3LTlmMmM=";
+
+/// `server`'s base URL with userinfo: a percent-encoded `@` in the user, `/` in the password.
+fn base_url_with_userinfo(server: &FakeServer) -> String {
+    format!(
+        "http://us%40er:{URL_PASSWORD_ENCODED}@{}/v1?api-version=2024-06-01",
+        server.addr
+    )
+}
+
+/// A base URL's query stays a query: the path is joined before it, and every request carries it.
+async fn scenario_base_url_query(key: &str) -> Vec<StreamChunk> {
+    let server = FakeServer::start(vec![Behaviour::sse(text_body())]).await;
+    let p = provider(&server, key, |c| {
+        c.base_url = format!(
+            "{}/?api-version=2024-06-01&deployment=a%2Fb",
+            server.base_url()
+        );
+    });
+    let out = collect(&p, request("hi")).await;
+    assert_eq!(out, text_chunks());
+    let reqs = server.requests();
+    assert_eq!(
+        reqs.iter().map(|r| r.path.as_str()).collect::<Vec<_>>(),
+        ["/v1/chat/completions?api-version=2024-06-01&deployment=a%2Fb"]
+    );
+    assert_eq!(
+        reqs[0].header("authorization"),
+        Some(format!("Bearer {key}").as_str())
+    );
+    out
+}
+
+/// Userinfo in the base URL: sent as HTTP Basic in place of the key, and absent from every failure
+/// message, which names the base URL without it — a transport failure's as much as a server's that
+/// echoes the password back.
+async fn scenario_userinfo(key: &str) -> Vec<StreamChunk> {
+    let echo = json!({"error":{"message": format!("proxy refused {URL_PASSWORD} ({URL_PASSWORD_ENCODED})")}})
+        .to_string();
+    let server = FakeServer::start(vec![
+        Behaviour::sse(text_body()),
+        Behaviour::DropBeforeHeaders,
+        Behaviour::status(503, &echo, &[]),
+    ])
+    .await;
+    let p = provider(&server, key, |c| {
+        c.base_url = base_url_with_userinfo(&server)
+    });
+    let ok = collect(&p, request("hi")).await;
+    assert_eq!(ok, text_chunks());
+    let dropped = collect(&p, request("hi")).await;
+    let failure = failure_of(&dropped);
+    assert_eq!(failure.code, "TRANSPORT");
+    let prefix = format!(
+        "API request to http://{}/v1?api-version=2024-06-01 failed: ",
+        server.addr
+    );
+    assert!(failure.message.starts_with(&prefix), "{failure:?}");
+    let echoed = collect(&p, request("hi")).await;
+    assert_eq!(
+        (
+            failure_of(&echoed).code.as_str(),
+            failure_of(&echoed).message.as_str()
+        ),
+        ("SERVER", "proxy refused <redacted> (<redacted>)")
+    );
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 3);
+    for r in &reqs {
+        assert_eq!(r.path, "/v1/chat/completions?api-version=2024-06-01");
+        assert_eq!(
+            r.header("authorization"),
+            Some(URL_BASIC),
+            "the URL's credentials win"
+        );
+        assert_eq!(
+            r.headers
+                .iter()
+                .filter(|(k, _)| k == "authorization")
+                .count(),
+            1
+        );
+    }
+    [ok, dropped, echoed].concat()
+}
+
+/// Every text a user may see about a provider whose base URL has userinfo: `Debug` of the
+/// configuration and the provider, and the error for such a URL that does not parse.
+fn userinfo_texts(base_url: &str) -> Vec<String> {
+    let config = OpenAiConfig {
+        base_url: base_url.to_owned(),
+        ..OpenAiConfig::default()
+    };
+    let provider = OpenAiProvider::new(config.clone()).expect("valid");
+    let unparsable = OpenAiProvider::new(OpenAiConfig {
+        base_url: base_url.replace("/v1", ":99999/v1"),
+        ..OpenAiConfig::default()
+    })
+    .expect_err("port out of range");
+    vec![
+        format!("{config:?}"),
+        format!("{provider:?}"),
+        unparsable.to_string(),
+    ]
+}
+
 fn httpdate_in(d: Duration) -> String {
     let at = std::time::SystemTime::now() + d;
     let secs = at
@@ -865,6 +976,122 @@ async fn a_finished_stream_leaves_its_connection_reusable() {
 }
 
 #[tokio::test]
+async fn a_base_url_query_is_kept_after_the_joined_path() {
+    scenario_base_url_query(canary()).await;
+}
+
+#[tokio::test]
+async fn base_url_userinfo_is_basic_auth_and_never_shown() {
+    let seen = scenario_userinfo(canary()).await;
+    let json = serde_json::to_string(&seen).expect("serializable");
+    assert!(!json.contains(URL_PASSWORD), "{json}");
+    assert!(!json.contains(URL_PASSWORD_ENCODED), "{json}");
+    for text in userinfo_texts("http://us%40er:s3cret%2Fpw-9f2c@127.0.0.1:9/v1") {
+        assert!(!text.contains(URL_PASSWORD_ENCODED), "{text}");
+        assert!(!text.contains(URL_PASSWORD), "{text}");
+        assert!(!text.contains("us%40er"), "{text}");
+    }
+}
+
+/// With userinfo and no API key there is still a credential: requests are sent, as Basic.
+#[tokio::test]
+async fn base_url_userinfo_needs_no_api_key() {
+    let server = FakeServer::start(vec![Behaviour::sse(text_body())]).await;
+    let config = OpenAiConfig {
+        base_url: base_url_with_userinfo(&server),
+        api_key: None,
+        ..OpenAiConfig::default()
+    };
+    assert!(config.has_credential());
+    assert!(!OpenAiConfig::default().has_credential());
+    let p = OpenAiProvider::new(config).expect("valid");
+    assert_eq!(collect(&p, request("hi")).await, text_chunks());
+    assert_eq!(
+        server.requests()[0].header("authorization"),
+        Some(URL_BASIC)
+    );
+}
+
+/// The session log of an agent whose provider's base URL has userinfo: the failures it records
+/// (every retry's, the turn's end) name the endpoint without the password.
+#[tokio::test]
+async fn no_session_event_carries_base_url_credentials() {
+    use dsh::llm::retry::{Backoff, RetryHook, RetryPolicy};
+    use dsh::session::store::memory::MemoryStore;
+    use dsh::turn::AgentConfig;
+    use dsh_actors::{AgentSpec, Host};
+
+    let echo = json!({"error":{"message": format!("bad password {URL_PASSWORD}")}}).to_string();
+    let server = FakeServer::start(vec![
+        Behaviour::DropBeforeHeaders,
+        Behaviour::status(500, &echo, &[]),
+        Behaviour::DropBeforeHeaders,
+    ])
+    .await;
+    let p = provider(&server, canary(), |c| {
+        c.base_url = base_url_with_userinfo(&server)
+    });
+    let mut providers = ProviderRegistry::new();
+    providers.register(Arc::new(p));
+    let fast = RetryPolicy {
+        backoff: Backoff {
+            initial_delay_ms: 1,
+            max_delay_ms: 1,
+            jitter_ratio: 0.0,
+        },
+        ..RetryPolicy::default()
+    }
+    .with_max_retries(2);
+    let mut hooks = dsh::hooks::Hooks::new();
+    hooks
+        .request_error
+        .push(Arc::new(RetryHook::with_policy(fast)));
+    let host = Host::builder(Arc::new(MemoryStore::new()))
+        .providers(providers)
+        .hooks(hooks)
+        .start()
+        .await
+        .expect("host");
+    let agent = host
+        .create(AgentSpec::new(AgentConfig::new(
+            "openai",
+            "deepseek-v4-flash",
+        )))
+        .await
+        .expect("agent");
+    agent
+        .followup(Message::user_text(MessageId::new("m1").expect("id"), "hi"))
+        .await
+        .expect("durable");
+    agent.when_idle().await.expect("idle");
+    let log: Vec<String> = agent
+        .log()
+        .await
+        .expect("log")
+        .iter()
+        .map(|e| e.to_json())
+        .collect();
+    host.shutdown().await;
+    assert_eq!(server.requests().len(), 3, "one attempt and two retries");
+    let shown = format!("http://{}/v1?api-version=2024-06-01", server.addr);
+    let n_naming_endpoint = log.iter().filter(|e| e.contains(&shown)).count();
+    assert!(n_naming_endpoint >= 3, "{log:#?}");
+    for event in &log {
+        assert!(!event.contains(URL_PASSWORD), "{event}");
+        assert!(!event.contains(URL_PASSWORD_ENCODED), "{event}");
+        assert!(!event.contains("us%40er"), "{event}");
+    }
+    let end = log
+        .iter()
+        .find(|e| e.contains("\"turn/end\""))
+        .expect("turn/end");
+    assert!(
+        end.contains(&format!("API request to {shown} failed: ")),
+        "{end}"
+    );
+}
+
+#[tokio::test]
 async fn missing_key_fails_before_io() {
     scenario_missing_key().await;
 }
@@ -979,6 +1206,8 @@ fn the_api_key_appears_nowhere() {
             all.extend(scenario_empty(key).await);
             all.extend(scenario_cancel(key).await);
             all.extend(scenario_transport(key).await);
+            all.extend(scenario_base_url_query(key).await);
+            all.extend(scenario_userinfo(key).await);
             all
         })
     };
@@ -992,6 +1221,13 @@ fn the_api_key_appears_nowhere() {
         "the capture must see the HTTP stack's TRACE events"
     );
     assert!(!log.contains(key), "the key leaked into the log");
+    let basic_token = URL_BASIC.trim_start_matches("Basic ");
+    for secret in [URL_PASSWORD, URL_PASSWORD_ENCODED, basic_token] {
+        assert!(
+            !log.contains(secret),
+            "the base URL's password leaked into the log"
+        );
+    }
     let json = serde_json::to_string(&seen).expect("serializable");
     assert!(json.contains("Incorrect API key provided: <redacted>."));
     assert!(

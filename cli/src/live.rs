@@ -112,14 +112,15 @@ fn build_provider(config: &Config, script: Option<&Path>) -> Result<Built, CliEr
         _ => {
             let mut oc =
                 OpenAiConfig::from_env().map_err(|e| CliError::Usage(format!("openai: {e}")))?;
-            if oc.api_key.is_none() {
+            if let Some(url) = &config.base_url {
+                oc.base_url = url.clone();
+            }
+            // A base URL with userinfo carries its own credential (sent as HTTP Basic).
+            if !oc.has_credential() {
                 return Err(CliError::Usage(
                     "no API key: set DEEPSEEK_API_KEY or OPENAI_API_KEY, or try --provider sim"
                         .into(),
                 ));
-            }
-            if let Some(url) = &config.base_url {
-                oc.base_url = url.clone();
             }
             if let Some(model) = &config.model {
                 oc.model = model.clone();

@@ -2,9 +2,9 @@
 //!
 //! `types` is the vocabulary (also the log's wire format). `assembler` turns a chunk stream into the
 //! assistant message (pure). `retry` is the default request-error policy as pure functions.
-//! `provider` is the `Provider` trait and registry; `openai` (OpenAI-compatible HTTP with SSE, parsed
-//! by `sse`), `sim` (a seeded simulated model) and `script` (scripted replies for tests and scenario
-//! files) implement it.
+//! `provider` is the `Provider` trait and registry; `openai` (OpenAI-compatible HTTP: `sse` is the
+//! generic server-sent-events framing, `openai` translates the payloads), `sim` (a seeded simulated
+//! model) and `script` (scripted replies for tests and scenario files) implement it.
 
 pub mod assembler;
 pub mod openai;

@@ -58,6 +58,7 @@ pub struct ProviderRegistry {
 }
 
 impl ProviderRegistry {
+    /// An empty registry.
     pub fn new() -> ProviderRegistry {
         ProviderRegistry::default()
     }
@@ -67,10 +68,12 @@ impl ProviderRegistry {
         self.by_name.insert(provider.name().to_string(), provider);
     }
 
+    /// The provider registered under `name` (a request's `provider`), if any.
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Provider>> {
         self.by_name.get(name)
     }
 
+    /// The registered names, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.by_name.keys().map(String::as_str)
     }

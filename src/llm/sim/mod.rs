@@ -13,36 +13,56 @@
 //! consumer reads), paced in batches of about 20 ms against a fixed anchor so that sleeps do not
 //! drift. Every wait is cancellable; cancellation ends the stream with `finish{aborted}`. Cheap per
 //! token: a token is one word from a fixed vocabulary, and the delta string is its only allocation.
+//!
+//! The parts: this module decides what a reply holds (`SimProvider`'s plan); `stream` paces it out
+//! as chunks; `args` generates tool arguments from a JSON schema; `rng` is the deterministic
+//! randomness every choice is drawn from.
+
+mod args;
+mod rng;
+mod stream;
 
 use std::fmt;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Number, Value};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::llm::provider::{ChunkStream, Provider};
-use crate::llm::types::{
-    BlockType, ContentBlock, FinishReason, LlmFailure, LlmRequest, Role, StreamChunk, TokenUsage,
-    ToolSchema, codes,
-};
+use crate::llm::types::{ContentBlock, LlmRequest, Role};
+use args::generate_arguments;
+use rng::Fnv;
+
+pub use rng::SplitMix64;
 
 /// The largest reply length accepted, in tokens.
 pub const REPLY_TOKENS_MAX: u32 = 1_000_000;
-/// Generated arguments nest at most this deep; deeper schemas get their simplest value.
-const ARGS_DEPTH_MAX: usize = 8;
 
 /// Why a simulator configuration was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SimError {
+    /// The reply length bounds are upside down.
     #[error("reply_tokens_min {min} is above reply_tokens_max {max}")]
-    ReplyRange { min: u32, max: u32 },
+    ReplyRange {
+        /// `reply_tokens_min` as given.
+        min: u32,
+        /// `reply_tokens_max` as given.
+        max: u32,
+    },
+    /// Replies could grow past what one log event may hold.
     #[error("reply_tokens_max is {max}, the limit is {limit}")]
-    ReplyTooLong { max: u32, limit: u32 },
+    ReplyTooLong {
+        /// `reply_tokens_max` as given.
+        max: u32,
+        /// The largest value accepted.
+        limit: u32,
+    },
+    /// A probability outside 0..=1 (NaN included).
     #[error("tool_call_probability is {p}, it must be within 0..=1")]
-    Probability { p: f64 },
+    Probability {
+        /// The value given.
+        p: f64,
+    },
 }
 
 /// Configuration of the simulated model (serde, for configuration files; unknown keys are refused).
@@ -55,8 +75,10 @@ pub struct SimConfig {
     pub ttft_ms: u64,
     /// Output pace; 0 streams as fast as it is read.
     pub tokens_per_sec: u64,
-    /// Text reply length bounds, in tokens (words).
+    /// The shortest text reply, in tokens (words).
     pub reply_tokens_min: u32,
+    /// The longest text reply, in tokens (words). Invariant when validated: at least
+    /// `reply_tokens_min`.
     pub reply_tokens_max: u32,
     /// Chance that a step calls a tool (when the request offers tools).
     pub tool_call_probability: f64,
@@ -114,67 +136,7 @@ impl SimConfig {
     }
 }
 
-/// SplitMix64: tiny, fast, and the same on every platform and Rust version (unlike std's hashers or
-/// `rand`'s unspecified `StdRng`), which the determinism promise needs. Also drives `dsh sim`'s
-/// seeded injections.
-#[derive(Clone, Debug)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> SplitMix64 {
-        SplitMix64(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (0 when n is 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
-    }
-
-    fn between(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi.saturating_sub(lo).saturating_add(1))
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// True with probability `p` (never for 0, always for 1).
-    pub fn chance(&mut self, p: f64) -> bool {
-        self.unit() < p
-    }
-}
-
-/// FNV-1a over the request facts the reply may depend on.
-struct Fnv(u64);
-
-impl Fnv {
-    fn new(seed: u64) -> Fnv {
-        let mut h = Fnv(0xcbf2_9ce4_8422_2325);
-        h.u64(seed);
-        h
-    }
-
-    fn bytes(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    fn u64(&mut self, v: u64) {
-        self.bytes(&v.to_le_bytes());
-    }
-}
-
+/// The vocabulary replies and generated strings are drawn from.
 const WORDS: [&str; 64] = [
     "the",
     "agent",
@@ -275,8 +237,11 @@ fn consecutive_tool_steps(request: &LlmRequest) -> u32 {
 /// A tool call the simulator decided to make.
 #[derive(Clone, Debug, PartialEq)]
 struct PlannedCall {
+    /// The call id.
     id: String,
+    /// The tool called (one of the request's tools).
     name: String,
+    /// The generated argument JSON.
     arguments: String,
 }
 
@@ -326,6 +291,7 @@ impl SimProvider {
         self
     }
 
+    /// The configuration the simulator runs with.
     pub fn config(&self) -> &SimConfig {
         &self.config
     }
@@ -345,7 +311,7 @@ impl SimProvider {
             h.u64(len);
             input_tokens += len / 4 + 4;
         }
-        let mut rng = SplitMix64(h.0);
+        let mut rng = SplitMix64::new(h.0);
         let text_tokens =
             rng.between(u64::from(c.reply_tokens_min), u64::from(c.reply_tokens_max)) as u32;
         let reasoning_tokens = if c.reasoning {
@@ -375,7 +341,7 @@ impl SimProvider {
             },
             call,
             input_tokens: input_tokens + request.system.as_ref().map_or(0, |s| s.len() as u64 / 4),
-            words: SplitMix64(rng.next_u64()),
+            words: SplitMix64::new(rng.next_u64()),
         }
     }
 }
@@ -386,374 +352,23 @@ impl Provider for SimProvider {
     }
 
     fn stream(&self, request: LlmRequest, cancel: CancellationToken) -> ChunkStream {
-        let plan = self.plan(&request);
-        let mut segments = Vec::with_capacity(2);
-        if plan.reasoning_tokens > 0 {
-            segments.push(Segment::Reasoning(plan.reasoning_tokens));
-        }
-        if plan.text_tokens > 0 {
-            segments.push(Segment::Text(plan.text_tokens));
-        }
-        if plan.call.is_some() {
-            segments.push(Segment::Call);
-        }
-        let tokens_per_sec = self.config.tokens_per_sec;
-        let stream = SimStream {
-            batch: tokens_per_sec.div_ceil(50).max(1),
-            tokens_per_sec,
-            ttft: Duration::from_millis(self.config.ttft_ms),
-            plan,
-            segments,
-            segment_idx: 0,
-            sub: Sub::Start,
-            acc: String::new(),
-            n_tokens: 0,
-            anchor: None,
-            cancel,
-            ended: false,
-        };
-        Box::pin(futures::stream::unfold(stream, |mut s| async move {
-            let chunk = s.next().await?;
-            Some((chunk, s))
-        }))
+        stream::start(self.plan(&request), &self.config, cancel)
     }
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Segment {
-    Reasoning(u32),
-    Text(u32),
-    Call,
-}
-
-/// Where the current segment is.
-#[derive(Clone, Copy, Debug)]
-enum Sub {
-    Start,
-    /// Deltas left to send (a call sends two).
-    Body(u32),
-    End,
-}
-
-struct SimStream {
-    plan: Plan,
-    segments: Vec<Segment>,
-    segment_idx: usize,
-    sub: Sub,
-    /// The current block's text so far (for its `block-end`).
-    acc: String,
-    /// Tokens sent, for pacing and usage.
-    n_tokens: u64,
-    tokens_per_sec: u64,
-    /// Tokens per pacing sleep.
-    batch: u64,
-    ttft: Duration,
-    /// When the first chunk went out; `None` before the time to first token elapsed.
-    anchor: Option<Instant>,
-    cancel: CancellationToken,
-    ended: bool,
-}
-
-impl SimStream {
-    fn abort(&mut self) -> Option<StreamChunk> {
-        self.ended = true;
-        Some(StreamChunk::finish(FinishReason::Aborted {
-            failure: LlmFailure::new(codes::ABORTED, "request aborted by caller"),
-        }))
-    }
-
-    /// Sleeps until `at` unless cancelled first; false when cancelled.
-    async fn sleep_until(&self, at: Instant) -> bool {
-        tokio::select! {
-            biased;
-            () = self.cancel.cancelled() => false,
-            () = tokio::time::sleep_until(at) => true,
-        }
-    }
-
-    /// Counts one token and sleeps when a batch is due; false when cancelled.
-    async fn pace(&mut self) -> bool {
-        self.n_tokens += 1;
-        if self.tokens_per_sec == 0 || !self.n_tokens.is_multiple_of(self.batch) {
-            return true;
-        }
-        let Some(anchor) = self.anchor else {
-            return true;
-        };
-        let due =
-            anchor + Duration::from_secs_f64(self.n_tokens as f64 / self.tokens_per_sec as f64);
-        self.sleep_until(due).await
-    }
-
-    fn word(&mut self) -> &'static str {
-        WORDS[self.plan.words.below(WORDS.len() as u64) as usize]
-    }
-
-    async fn next(&mut self) -> Option<StreamChunk> {
-        if self.ended {
-            return None;
-        }
-        if self.cancel.is_cancelled() {
-            return self.abort();
-        }
-        if self.anchor.is_none() {
-            let start = Instant::now();
-            if !self.ttft.is_zero() && !self.sleep_until(start + self.ttft).await {
-                return self.abort();
-            }
-            self.anchor = Some(Instant::now());
-        }
-        let Some(segment) = self.segments.get(self.segment_idx).copied() else {
-            return self.finish_chunks();
-        };
-        let index = self.segment_idx as u32;
-        match (segment, self.sub) {
-            (segment, Sub::Start) => {
-                let (block_type, n) = match segment {
-                    Segment::Reasoning(n) => (BlockType::Reasoning, n),
-                    Segment::Text(n) => (BlockType::Text, n),
-                    Segment::Call => (BlockType::ToolCall, 2),
-                };
-                self.sub = Sub::Body(n);
-                Some(StreamChunk::BlockStart { index, block_type })
-            }
-            (segment, Sub::Body(left)) => {
-                if !self.pace().await {
-                    return self.abort();
-                }
-                self.sub = if left > 1 {
-                    Sub::Body(left - 1)
-                } else {
-                    Sub::End
-                };
-                match segment {
-                    Segment::Reasoning(_) | Segment::Text(_) => {
-                        let word = self.word();
-                        let text = if self.acc.is_empty() {
-                            word.to_owned()
-                        } else {
-                            format!(" {word}")
-                        };
-                        self.acc.push_str(&text);
-                        Some(if matches!(segment, Segment::Reasoning(_)) {
-                            StreamChunk::ReasoningDelta { index, text }
-                        } else {
-                            StreamChunk::TextDelta { index, text }
-                        })
-                    }
-                    Segment::Call => {
-                        let call = self.plan.call.as_ref()?;
-                        let half = call.arguments.len() / 2;
-                        // Arguments are JSON text from `serde_json`; split at a char boundary.
-                        let split = (0..=half)
-                            .rev()
-                            .find(|i| call.arguments.is_char_boundary(*i))
-                            .unwrap_or(0);
-                        Some(if left == 2 {
-                            StreamChunk::ToolCallDelta {
-                                index,
-                                id: call.id.clone(),
-                                name: Some(call.name.clone()),
-                                arguments_delta: call.arguments[..split].to_owned(),
-                            }
-                        } else {
-                            StreamChunk::ToolCallDelta {
-                                index,
-                                id: call.id.clone(),
-                                name: None,
-                                arguments_delta: call.arguments[split..].to_owned(),
-                            }
-                        })
-                    }
-                }
-            }
-            (segment, Sub::End) => {
-                self.sub = Sub::Start;
-                self.segment_idx += 1;
-                let text = std::mem::take(&mut self.acc);
-                let block = match segment {
-                    Segment::Reasoning(_) => ContentBlock::Reasoning { text },
-                    Segment::Text(_) => ContentBlock::Text { text },
-                    Segment::Call => {
-                        let call = self.plan.call.clone()?;
-                        ContentBlock::ToolCall {
-                            id: call.id,
-                            name: call.name,
-                            arguments: call.arguments,
-                        }
-                    }
-                };
-                Some(StreamChunk::BlockEnd { index, block })
-            }
-        }
-    }
-
-    /// After the last block: usage, then finish, then the end.
-    fn finish_chunks(&mut self) -> Option<StreamChunk> {
-        if self.segment_idx == self.segments.len() {
-            self.segment_idx += 1;
-            let call_tokens = self
-                .plan
-                .call
-                .as_ref()
-                .map_or(0, |c| c.arguments.len() as u64 / 4 + 1);
-            let reasoning = u64::from(self.plan.reasoning_tokens);
-            return Some(StreamChunk::Usage {
-                usage: TokenUsage {
-                    input_tokens: self.plan.input_tokens,
-                    output_tokens: reasoning + u64::from(self.plan.text_tokens) + call_tokens,
-                    reasoning_tokens: (reasoning > 0).then_some(reasoning),
-                    ..TokenUsage::default()
-                },
-            });
-        }
-        self.ended = true;
-        Some(StreamChunk::finish(if self.plan.call.is_some() {
-            FinishReason::ToolCalls
-        } else {
-            FinishReason::Stop
-        }))
-    }
-}
-
-/// Generates a value that validates against `schema` (the subset in the module docs).
-fn generate_arguments(schema: &Value, rng: &mut SplitMix64) -> Value {
-    gen_value(schema, rng, 0)
-}
-
-fn schema_type(schema: &Value) -> &str {
-    match schema.get("type") {
-        Some(Value::String(t)) => t,
-        Some(Value::Array(ts)) => ts
-            .iter()
-            .filter_map(Value::as_str)
-            .find(|t| *t != "null")
-            .unwrap_or("null"),
-        _ if schema.get("properties").is_some() => "object",
-        _ if schema.get("items").is_some() => "array",
-        _ => "string",
-    }
-}
-
-fn bound(schema: &Value, key: &str) -> Option<f64> {
-    schema
-        .get(key)
-        .and_then(Value::as_f64)
-        .filter(|v| v.is_finite())
-}
-
-fn gen_value(schema: &Value, rng: &mut SplitMix64, depth: usize) -> Value {
-    if let Some(c) = schema.get("const") {
-        return c.clone();
-    }
-    if let Some(Value::Array(options)) = schema.get("enum")
-        && !options.is_empty()
-    {
-        return options[rng.below(options.len() as u64) as usize].clone();
-    }
-    match schema_type(schema) {
-        "object" => {
-            let mut out = Map::new();
-            if depth >= ARGS_DEPTH_MAX {
-                return Value::Object(out);
-            }
-            let required: Vec<&str> = match schema.get("required") {
-                Some(Value::Array(r)) => r.iter().filter_map(Value::as_str).collect(),
-                _ => Vec::new(),
-            };
-            if let Some(Value::Object(props)) = schema.get("properties") {
-                for (name, prop) in props {
-                    if required.contains(&name.as_str()) || rng.below(2) == 0 {
-                        out.insert(name.clone(), gen_value(prop, rng, depth + 1));
-                    }
-                }
-            }
-            for name in required {
-                if !out.contains_key(name) {
-                    out.insert(name.to_owned(), Value::String("x".into()));
-                }
-            }
-            Value::Object(out)
-        }
-        "array" => {
-            let min = schema.get("minItems").and_then(Value::as_u64).unwrap_or(1);
-            let max = schema
-                .get("maxItems")
-                .and_then(Value::as_u64)
-                .unwrap_or(min.max(3))
-                .max(min)
-                .min(min + 8);
-            if depth >= ARGS_DEPTH_MAX {
-                return Value::Array(Vec::new());
-            }
-            let n = rng.between(min, max);
-            let items = schema.get("items").cloned().unwrap_or(Value::Null);
-            Value::Array((0..n).map(|_| gen_value(&items, rng, depth + 1)).collect())
-        }
-        "integer" => {
-            let lo = bound(schema, "minimum")
-                .or_else(|| bound(schema, "exclusiveMinimum").map(|v| v.floor() + 1.0))
-                .unwrap_or(0.0)
-                .ceil();
-            let hi = bound(schema, "maximum")
-                .or_else(|| bound(schema, "exclusiveMaximum").map(|v| v.ceil() - 1.0))
-                .unwrap_or(lo.max(0.0) + 100.0)
-                .floor()
-                .max(lo);
-            let span = (hi - lo).min(1e15) as u64;
-            Value::Number(Number::from(
-                (lo as i64).saturating_add(rng.between(0, span) as i64),
-            ))
-        }
-        "number" => {
-            let lo = bound(schema, "minimum").unwrap_or(0.0);
-            let hi = bound(schema, "maximum").unwrap_or(lo + 100.0).max(lo);
-            let v = lo + (hi - lo) * rng.unit();
-            // Two decimals, kept inside the bounds.
-            let v = ((v * 100.0).floor() / 100.0).clamp(lo, hi);
-            Number::from_f64(v).map_or(Value::Null, Value::Number)
-        }
-        "boolean" => Value::Bool(rng.below(2) == 0),
-        "null" => Value::Null,
-        _ => {
-            let min = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0) as usize;
-            let max = schema
-                .get("maxLength")
-                .and_then(Value::as_u64)
-                .map_or(usize::MAX, |m| m as usize)
-                .max(min);
-            let n_words = rng.between(1, 3);
-            let mut s = String::new();
-            for i in 0..n_words {
-                if i > 0 {
-                    s.push(' ');
-                }
-                s.push_str(WORDS[rng.below(WORDS.len() as u64) as usize]);
-            }
-            while s.chars().count() < min {
-                s.push('x');
-            }
-            if s.chars().count() > max {
-                s = s.chars().take(max).collect();
-            }
-            Value::String(s)
-        }
-    }
-}
-
-/// Arguments for `tool` as the simulator would generate them from `seed` (for demo tools and tests).
-pub fn sample_arguments(tool: &ToolSchema, seed: u64) -> Value {
-    generate_arguments(&tool.parameters, &mut SplitMix64(seed))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::args::{bound, schema_type};
     use super::*;
     use crate::ids::{MessageId, SessionId};
-    use crate::llm::types::{LlmCallConfig, Message, MessageSource};
+    use crate::llm::types::{
+        BlockType, FinishReason, LlmCallConfig, Message, MessageSource, StreamChunk, ToolSchema,
+    };
     use futures::StreamExt;
-    use serde_json::json;
+    use serde_json::{Value, json};
     use std::sync::Arc;
+    use std::time::Duration;
+    use tokio::time::Instant;
 
     /// A validator for the schema subset the generator promises.
     fn valid(schema: &Value, v: &Value) -> Result<(), String> {
@@ -866,11 +481,11 @@ mod tests {
         ];
         for (i, schema) in schemas.iter().enumerate() {
             for seed in 0..200 {
-                let v = generate_arguments(schema, &mut SplitMix64(seed));
+                let v = generate_arguments(schema, &mut SplitMix64::new(seed));
                 assert_eq!(valid(schema, &v), Ok(()), "schema {i} seed {seed}: {v}");
             }
         }
-        let v = generate_arguments(&schemas[1], &mut SplitMix64(7));
+        let v = generate_arguments(&schemas[1], &mut SplitMix64::new(7));
         assert_eq!(v["offset"], json!(11));
         assert_eq!(v["nested"]["k"], json!("v"));
     }

@@ -1,0 +1,110 @@
+//! What a request is made of: the call configuration, the request header logged before a request
+//! when it changed (`request/header`), the tools offered, and `LlmRequest`, one attempt as a
+//! provider receives it.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Number, Value};
+
+use super::Message;
+use crate::ids::SessionId;
+
+/// The provider-facing call configuration (`LlmCallConfig`). Numbers that the original may write as
+/// fractions (`temperature`) are kept as JSON numbers so a log round-trips byte for byte.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LlmCallConfig {
+    /// The provider's registered name (its route).
+    pub provider: String,
+    /// The model id (empty: the provider's default).
+    pub model: String,
+    /// How hard the model should think (`off`, `low`, `high`, `max`, or the provider's words).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<String>,
+    /// Sampling temperature, as the JSON number written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<Number>,
+    /// The output cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// Stop sequences.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Vec<String>>,
+}
+
+/// Which header fields a provider filled in by default (rather than the caller).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AdapterDefaults {
+    /// `Some(true)`: the reasoning effort is the provider's default, not the caller's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<bool>,
+    /// `Some(true)`: the output cap is the provider's default, not the caller's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<bool>,
+}
+
+/// A tool as the model sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolSchema {
+    /// The name the model calls it by.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// The JSON Schema of its arguments.
+    pub parameters: Value,
+}
+
+/// The non-history request envelope (`EpochHeader`): logged as `request/header` before a request when
+/// it changed, so every request can be rebuilt from the log alone.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RequestHeader {
+    /// The call configuration.
+    pub config: LlmCallConfig,
+    /// Which of its fields the provider filled in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter_defaults: Option<AdapterDefaults>,
+    /// The system prompt (absent when empty, in canonical form).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// The tools offered (absent when none, in canonical form).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<ToolSchema>>,
+}
+
+impl RequestHeader {
+    /// The canonical form: empty `system`, empty `tools` and marker-less `adapterDefaults` are absent.
+    pub fn canonical(mut self) -> RequestHeader {
+        if self.system.as_deref() == Some("") {
+            self.system = None;
+        }
+        if self.tools.as_ref().is_some_and(Vec::is_empty) {
+            self.tools = None;
+        }
+        if let Some(d) = &self.adapter_defaults
+            && d.reasoning_effort != Some(true)
+            && d.max_tokens != Some(true)
+        {
+            self.adapter_defaults = None;
+        }
+        self
+    }
+}
+
+/// One request attempt as handed to a `Provider`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlmRequest {
+    /// The call configuration.
+    pub config: LlmCallConfig,
+    /// The system prompt, if any.
+    pub system: Option<String>,
+    /// The tools offered.
+    pub tools: Vec<ToolSchema>,
+    /// The model-visible history, derived from the session surface. Shared with the session's cache.
+    pub messages: Vec<Arc<Message>>,
+    /// The session the request is made for, if any (the simulator mixes it into its seed).
+    pub session_id: Option<SessionId>,
+}
