@@ -1,15 +1,17 @@
 //! The host as an embedder builds it (`Host::builder(store).providers(..).start()`): failed model
 //! requests are retried under the provider's policy by default, and the builder turns that off or
-//! replaces the policy; an explicit `request_error` hook decides before the default.
+//! replaces the policy. `request_error` hooks of the host or the agent replace the default unless
+//! the builder chose it, so an explicitly installed `RetryHook` runs alone.
 //!
 //! Time is paused: the default policy's first delay (500 ms ± 10 %) passes at once.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use dsh::hooks::{HookError, Hooks, Recovery, RequestErrorCtx, RequestErrorHook};
 use dsh::ids::MessageId;
 use dsh::llm::provider::ProviderRegistry;
-use dsh::llm::retry::RetryPolicy;
+use dsh::llm::retry::{RetryHook, RetryPolicy};
 use dsh::llm::script::{Gates, ScriptEntry, ScriptProvider};
 use dsh::llm::types::Message;
 use dsh::session::Event;
@@ -162,7 +164,102 @@ async fn the_builder_replaces_the_default_policy() {
     }
 }
 
-/// Retries at once, recording nothing, the first time it is asked.
+/// Lets the next hook decide, counting how often it was asked.
+#[derive(Default)]
+struct Delegates(AtomicUsize);
+
+#[async_trait::async_trait]
+impl RequestErrorHook for Delegates {
+    async fn request_error(&self, ctx: &RequestErrorCtx) -> Result<Recovery, HookError> {
+        assert_eq!(ctx.failure.code, "RATE_LIMIT");
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(Recovery::Delegate)
+    }
+}
+
+fn hooks_with(hook: Arc<Delegates>) -> Hooks {
+    let mut hooks = Hooks::new();
+    hooks.request_error.push(hook);
+    hooks
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hosts_request_error_hook_replaces_the_default_retry() {
+    let hook = Arc::new(Delegates::default());
+    let builder =
+        embedder(vec![rate_limit(), ScriptEntry::text("ok")]).hooks(hooks_with(Arc::clone(&hook)));
+    let log = one_turn(builder).await;
+    assert_eq!(retries(&log), Vec::<&LlmRetry>::new());
+    match turn_end(&log) {
+        TurnEndReason::Error { error } => assert_eq!(error.code, "RATE_LIMIT"),
+        other => panic!("the turn should end with the failure: {other:?}"),
+    }
+    assert_eq!(hook.0.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_explicit_retry_policy_runs_once_beside_its_own_hook() {
+    // The pattern before the default existed: the embedder installs a `RetryHook` with its policy.
+    // It runs alone: no second chain under the provider's policy once it gives up.
+    let policy = RetryPolicy::default().with_max_retries(1);
+    let mut hooks = Hooks::new();
+    hooks
+        .request_error
+        .push(Arc::new(RetryHook::with_policy(policy.clone())));
+    let builder = embedder(vec![rate_limit(), rate_limit(), rate_limit()]).hooks(hooks);
+    let log = one_turn(builder).await;
+    let keys: Vec<(u64, &str)> = retries(&log)
+        .iter()
+        .map(|r| (r.retry, r.policy_key.as_str()))
+        .collect();
+    assert_eq!(keys, [(1, policy.policy_key().as_str())]);
+    match turn_end(&log) {
+        TurnEndReason::Error { error } => assert_eq!(error.code, "RATE_LIMIT"),
+        other => panic!("the turn should end with the second failure: {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agents_request_error_hook_replaces_the_default_for_that_agent_only() {
+    let hook = Arc::new(Delegates::default());
+    let host = embedder(vec![rate_limit(), rate_limit(), ScriptEntry::text("ok")])
+        .start()
+        .await
+        .expect("the host starts");
+    let mut hooked = AgentSpec::new(AgentConfig::new("script", "scripted"));
+    hooked.hooks = hooks_with(Arc::clone(&hook));
+    let hooked = host.create(hooked).await.expect("the agent starts");
+    let hi = || Message::user_text(MessageId::mint(), "hi");
+    hooked.followup(hi()).await.expect("durable");
+    hooked.when_idle().await.expect("idle");
+    let log = hooked.log().await.expect("log");
+    assert_eq!(retries(&log), Vec::<&LlmRetry>::new());
+    assert!(matches!(turn_end(&log), TurnEndReason::Error { .. }));
+    // Another agent of the same host keeps the default: it retries the second scripted failure.
+    let plain = host
+        .create(AgentSpec::new(AgentConfig::new("script", "scripted")))
+        .await
+        .expect("the agent starts");
+    plain.followup(hi()).await.expect("durable");
+    plain.when_idle().await.expect("idle");
+    let log = plain.log().await.expect("log");
+    assert_eq!(retries(&log).len(), 1);
+    assert_eq!(turn_end(&log), &TurnEndReason::Completed);
+    host.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_chosen_by_the_builder_runs_after_the_hooks_that_delegate() {
+    let hook = Arc::new(Delegates::default());
+    let builder = embedder(vec![rate_limit(), ScriptEntry::text("ok")])
+        .hooks(hooks_with(Arc::clone(&hook)))
+        .retry(DefaultRetry::ProviderPolicy);
+    let log = one_turn(builder).await;
+    assert_eq!(skeleton(&log), RETRIED);
+    assert_eq!(hook.0.load(Ordering::SeqCst), 1);
+}
+
+/// Retries at once, recording nothing, the first time it is asked./// Retries at once, recording nothing, the first time it is asked.
 struct RetryAtOnce;
 
 #[async_trait::async_trait]
@@ -174,10 +271,12 @@ impl RequestErrorHook for RetryAtOnce {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_explicit_request_error_hook_decides_before_the_default() {
+async fn a_hook_that_decides_wins_over_a_retry_chosen_by_the_builder() {
     let mut hooks = Hooks::new();
     hooks.request_error.push(Arc::new(RetryAtOnce));
-    let builder = embedder(vec![rate_limit(), ScriptEntry::text("ok")]).hooks(hooks);
+    let builder = embedder(vec![rate_limit(), ScriptEntry::text("ok")])
+        .hooks(hooks)
+        .retry(DefaultRetry::ProviderPolicy);
     let log = one_turn(builder).await;
     // The hook's retry records nothing: the default policy was never asked.
     assert_eq!(retries(&log), Vec::<&LlmRetry>::new());

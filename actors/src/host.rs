@@ -49,7 +49,8 @@ pub struct AgentSpec {
     pub config: AgentConfig,
     /// This agent's tools, layered over the host's.
     pub tools: ToolRegistry,
-    /// This agent's hooks, after the host's (and before the host's default retry).
+    /// This agent's hooks, after the host's (and before the host's default retry, which a
+    /// `request_error` hook here turns off unless the host's builder chose it; see `DefaultRetry`).
     pub hooks: Hooks,
     /// Working directory recorded in the session header.
     pub cwd: Option<String>,
@@ -77,11 +78,15 @@ impl AgentSpec {
 /// How a host retries a failed model request that no `request_error` hook recovered
 /// (`HostBuilder::retry`).
 ///
-/// Whatever is chosen runs as one `RetryHook` after every `request_error` hook of the host and of
-/// the agent: an explicit hook that decides (retry, or give up with a failure) wins, and the default
-/// decides only when all of them delegated. So an embedder that installs its own `RetryHook` should
-/// choose `Off` (or pass its policy here instead), or a failure its hook gave up on would start a
-/// second chain under the default policy.
+/// The choice runs as one `RetryHook` after every `request_error` hook of the host and of the
+/// agent, so a hook that decides (retry, or give up with a failure) wins and the default decides
+/// only when all of them delegated.
+///
+/// Unless `HostBuilder::retry` is called, the default is `ProviderPolicy` for every agent that has
+/// no `request_error` hook (neither the host's nor its own), and off for an agent that has one: a
+/// hook installed for that point owns the decision, so an explicitly installed `RetryHook` (the
+/// pattern before the default existed) runs alone instead of being followed by a second chain under
+/// the default policy. Calling `HostBuilder::retry` applies the choice to every agent, hooks or not.
 #[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub enum DefaultRetry {
@@ -154,7 +159,8 @@ pub struct HostBuilder {
     providers: ProviderRegistry,
     tools: ToolRegistry,
     hooks: Hooks,
-    retry: DefaultRetry,
+    /// `None` until `retry` is called: then the default yields to explicit `request_error` hooks.
+    retry: Option<DefaultRetry>,
     config: HostConfig,
 }
 
@@ -172,18 +178,19 @@ impl HostBuilder {
         self
     }
 
-    /// Hooks every agent runs, before the agent's own (`AgentSpec::hooks`). The default retry
-    /// (`retry`) is not among them: it runs after all of them, whatever is set here.
+    /// Hooks every agent runs, before the agent's own (`AgentSpec::hooks`). `request_error` hooks
+    /// given here replace the default retry, unless `retry` is called too (see `DefaultRetry`).
     pub fn hooks(mut self, hooks: Hooks) -> HostBuilder {
         self.hooks = hooks;
         self
     }
 
-    /// How failed model requests are retried when no `request_error` hook recovers them (default:
-    /// `DefaultRetry::ProviderPolicy`, each provider's own policy). `DefaultRetry::Off` turns
-    /// retries off; `DefaultRetry::Policy` replaces the policy for every provider.
+    /// How failed model requests are retried when no `request_error` hook recovers them, for every
+    /// agent (without this call: each provider's own policy, for agents with no `request_error`
+    /// hook; see `DefaultRetry`). `DefaultRetry::Off` turns retries off; `DefaultRetry::Policy`
+    /// replaces the policy for every provider.
     pub fn retry(mut self, retry: DefaultRetry) -> HostBuilder {
-        self.retry = retry;
+        self.retry = Some(retry);
         self
     }
 
@@ -204,7 +211,8 @@ impl HostBuilder {
             providers: self.providers,
             tools: self.tools,
             hooks: self.hooks,
-            retry: self.retry.hook(),
+            retry_yields_to_hooks: self.retry.is_none(),
+            retry: self.retry.unwrap_or_default().hook(),
             config: self.config,
             metrics: Arc::new(Metrics::default()),
         });
@@ -230,14 +238,14 @@ impl HostBuilder {
 
 impl Host {
     /// A builder of a host whose agents keep their logs in `store`, with no providers, tools or
-    /// hooks, the default retry (`DefaultRetry::ProviderPolicy`) and `HostConfig::default()`.
+    /// hooks, the default retry (`DefaultRetry`) and `HostConfig::default()`.
     pub fn builder(store: Arc<dyn SessionStore>) -> HostBuilder {
         HostBuilder {
             store,
             providers: ProviderRegistry::new(),
             tools: ToolRegistry::new(),
             hooks: Hooks::new(),
-            retry: DefaultRetry::default(),
+            retry: None,
             config: HostConfig::default(),
         }
     }

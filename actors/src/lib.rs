@@ -4,7 +4,8 @@
 //!
 //! Entry points: `Host::builder(store)` → `Host::create(AgentSpec)` → `AgentHandle` (`followup`,
 //! `steer`, `inject`, `cancel`, `when_idle`, `subscribe`, ...). Failed model requests are retried
-//! under each provider's policy unless the builder says otherwise (`HostBuilder::retry`).
+//! under each provider's policy unless the builder says otherwise (`HostBuilder::retry`) or
+//! `request_error` hooks take over that decision (`DefaultRetry`).
 //!
 //! Everything an embedder uses is exported here, at the crate root; the modules are private. Their
 //! imports form no circle (each arrow: "imports"):

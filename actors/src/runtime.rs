@@ -92,6 +92,9 @@ pub(crate) struct Runtime {
     /// The default `request_error` hook, asked after every other one; `None` when the builder
     /// turned retries off.
     pub(crate) retry: Option<Arc<dyn RequestErrorHook>>,
+    /// Set when the builder did not choose the retry: then an agent with any `request_error` hook
+    /// (the host's or its own) runs without the default.
+    pub(crate) retry_yields_to_hooks: bool,
     /// The host's settings.
     pub(crate) config: HostConfig,
     /// Observers of every agent of the host.
@@ -102,10 +105,13 @@ pub(crate) struct Runtime {
 
 impl Runtime {
     /// The hooks of an agent whose own hooks are `agent`: the host's, then the agent's, then the
-    /// default retry hook, so it decides only after every explicit `request_error` hook delegated.
+    /// default retry hook (if it applies), so it decides only after every explicit `request_error`
+    /// hook delegated.
     pub(crate) fn agent_hooks(&self, agent: &Hooks) -> Hooks {
         let mut hooks = self.hooks.layered(agent);
-        if let Some(retry) = &self.retry {
+        if let Some(retry) = &self.retry
+            && !(self.retry_yields_to_hooks && !hooks.request_error.is_empty())
+        {
             hooks.request_error.push(Arc::clone(retry));
         }
         hooks

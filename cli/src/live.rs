@@ -10,8 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dsh::SessionId;
+use dsh::hooks::Hooks;
 use dsh::llm::openai::{self, OpenAiConfig, OpenAiProvider};
 use dsh::llm::provider::{Provider, ProviderRegistry};
+use dsh::llm::retry::RetryHook;
 use dsh::llm::script::{Gates, ScriptEntry, ScriptProvider};
 use dsh::llm::sim::SimProvider;
 use dsh::session::store::SessionStore;
@@ -176,6 +178,8 @@ pub async fn start(config: &Config, opts: &AgentOptions) -> Result<LiveAgent, Cl
     let provider_name = built.provider.name().to_string();
     let mut providers = ProviderRegistry::new();
     providers.register(built.provider);
+    let mut hooks = Hooks::new();
+    hooks.request_error.push(Arc::new(RetryHook::new()));
 
     let store = Arc::new(
         SqliteStore::open(&config.data_dir, SqliteConfig::default()).map_err(|e| {
@@ -188,7 +192,7 @@ pub async fn start(config: &Config, opts: &AgentOptions) -> Result<LiveAgent, Cl
     let host = Host::builder(Arc::clone(&store) as Arc<dyn SessionStore>)
         .providers(providers)
         .tools(tools)
-        // Failed requests are retried under each provider's policy: the host's default.
+        .hooks(hooks)
         .start()
         .await
         .map_err(|e| CliError::Failed(e.to_string()))?;
