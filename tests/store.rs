@@ -1,7 +1,9 @@
 //! Conformance tests of the session stores (`SqliteStore`, `MemoryStore`): durability of every
 //! acknowledged append under concurrency and under `SIGKILL`, group commit, poisoning after a failed
-//! fsync (injected into SQLite's own VFS), repair on load, torn tail vs corruption, typed errors, and
-//! a model-based property test that the SQLite store behaves exactly like the in-memory one.
+//! fsync (injected into SQLite's own VFS), repair on load, damage (in SQLite every unreadable row is
+//! corruption; the memory store keeps the torn-tail rule), read-only opens that leave a crashed store
+//! byte-identical, listing beside a damaged page, typed errors, and a model-based property test that
+//! the SQLite store behaves exactly like the in-memory one.
 //!
 //! The crash test re-invokes this test binary as a child (`crash_child_process_entry`, selected by an
 //! environment variable) and kills it at random moments.
@@ -479,62 +481,60 @@ async fn load_appends_the_closers_of_an_open_turn_durably() {
     reopened.close().await.unwrap();
 }
 
-/// Garbage after the last `turn/end` is a torn tail: `inspect` reports it, `load` cuts it durably
-/// and closes the turn that the cut leaves open.
+/// SQLite cannot tear a committed transaction, so garbage after the last `turn/end` is damage to
+/// acknowledged input, not a torn tail: `load` and `inspect` refuse the session as `Corrupt` naming
+/// every damaged seq, and nothing is deleted — not by this store, nor after a reopen. (Before, `load`
+/// cut those rows for good with only a warning.)
 #[tokio::test]
-async fn a_torn_tail_after_the_last_turn_end_is_cut() {
+async fn a_damaged_row_after_the_last_turn_end_is_corruption_and_nothing_is_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let id = sid("torn");
     let store = open(dir.path());
     store.create(&header(&id)).await.unwrap();
     let mut writer = TurnWriter::new(id.clone(), 40);
     write_turns(&store, &mut writer, 1).await;
-    let balanced = to_json(writer.events());
-    let n = balanced.len() as i64;
-    // The next turn's first two batches, then a half-written row and one more after it.
+    let n = writer.events().len() as i64;
+    // The next turn's first two batches, then a damaged row and one more after it.
     let next = writer.turn_batches();
     store.append(&id, encode(&next[0])).await.unwrap();
     store.append(&id, encode(&next[1])).await.unwrap();
     let db = store.db_path().to_path_buf();
     store.close().await.unwrap();
-    let torn_at = n + 5;
+    let damaged_at = n + 5;
     raw_execute(
         &db,
         "INSERT INTO events (session_id, seq, kind, json) VALUES (?1, ?2, 'assistant/chunk', ?3)",
-        rusqlite::params![id.as_str(), torn_at, r#"{"type":"assistant/chunk","seq":"#],
+        rusqlite::params![
+            id.as_str(),
+            damaged_at,
+            r#"{"type":"assistant/chunk","seq":"#
+        ],
     );
     raw_execute(
         &db,
         "INSERT INTO events (session_id, seq, kind, json) VALUES (?1, ?2, 'assistant/chunk', 'x')",
-        rusqlite::params![id.as_str(), torn_at + 1],
+        rusqlite::params![id.as_str(), damaged_at + 1],
     );
+    let stored = raw_rows(&db, &id);
+    assert_eq!(stored.len() as i64, damaged_at + 2);
 
-    let store = open(dir.path());
-    let inspection = store.inspect(&id).await.unwrap();
-    let (seq, reason) = inspection.torn_tail.clone().unwrap();
-    assert_eq!(seq, torn_at as u64);
-    assert!(reason.starts_with("invalid event"), "{reason}");
-    assert_eq!(inspection.events.len() as i64, torn_at);
-    // The cut leaves turn 2 open inside step 1: it is closed.
-    assert_eq!(kinds(&inspection.closers), ["step/end", "turn/end"]);
-    assert_eq!(raw_rows(&db, &id).len() as i64, torn_at + 2);
-
-    let loaded = store.load(&id).await.unwrap();
-    assert_eq!(loaded.n_repaired, 2);
-    assert_eq!(loaded.events.len() as i64, torn_at + 2);
-    assert_eq!(loaded.events[torn_at as usize].seq, torn_at as u64);
-    assert_eq!(loaded.events[torn_at as usize].kind(), "step/end");
-    assert_eq!(invariant::check(&loaded.events), Ok(()));
-    store.close().await.unwrap();
-    let stored: Vec<String> = raw_rows(&db, &id).into_iter().map(|r| r.2).collect();
-    assert_eq!(stored, to_json(&loaded.events));
-    assert_eq!(stored[..balanced.len()], balanced[..]);
-
-    let reopened = open(dir.path());
-    let again = reopened.load(&id).await.unwrap();
-    assert_eq!(again.n_repaired, 0);
-    assert_eq!(to_json(&again.events), stored);
-    reopened.close().await.unwrap();
+    let expected = Err(StoreError::Corrupt {
+        id: id.clone(),
+        seq: damaged_at as u64,
+        reason: format!(
+            "2 damaged rows (seq {damaged_at}, {}); the first: invalid event: EOF while parsing a \
+             value at line 1 column 32 (a committed row cannot tear, so this session cannot be \
+             continued)",
+            damaged_at + 1
+        ),
+    });
+    for _ in 0..2 {
+        let store = open(dir.path());
+        assert_eq!(store.inspect(&id).await.map(|_| ()), expected);
+        assert_eq!(store.load(&id).await.map(|_| ()), expected);
+        store.close().await.unwrap();
+        assert_eq!(raw_rows(&db, &id), stored);
+    }
 }
 
 /// Damage before the last `turn/end` — a flipped byte, or a missing row — is `Corrupt` naming the
@@ -566,7 +566,10 @@ async fn damage_before_the_last_turn_end_is_corruption() {
     ] {
         match result {
             Err(StoreError::Corrupt { seq: 7, reason, .. }) => {
-                assert!(reason.contains("committed turn/end"), "{reason}");
+                assert!(
+                    reason.starts_with("1 damaged row (seq 7); the first: invalid event: "),
+                    "{reason}"
+                );
             }
             other => panic!("expected Corrupt at seq 7, got {other:?}"),
         }
@@ -591,8 +594,8 @@ async fn damage_before_the_last_turn_end_is_corruption() {
         Err(StoreError::Corrupt {
             id: id.clone(),
             seq: 3,
-            reason: "seq 3 is missing: the next stored row has seq 4 (a later row holds a \
-                     committed turn/end)"
+            reason: "1 damaged row (seq 3); the first: seq 3 is missing: the next stored row has \
+                     seq 4 (a committed row cannot tear, so this session cannot be continued)"
                 .into()
         })
     );
@@ -1469,6 +1472,157 @@ proptest! {
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
         runtime.block_on(damage_one_row(n_turns, n_open_batches, pick, cut, garbage))?;
     }
+}
+
+/// Every file of a directory by name, with its bytes.
+fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A store read-only opens after a crash — its acknowledged turns only in the `-wal`, the `-shm`
+/// as the dead writer left it — reads everything and leaves every file byte-identical: no
+/// checkpoint, no deleted `-wal`/`-shm`, no rebuilt WAL index. (Before, the read connection was
+/// opened read-write, and closing it checkpointed the WAL and deleted both files.)
+#[tokio::test]
+async fn a_read_only_open_leaves_a_crashed_store_byte_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let crashed = tempfile::tempdir().unwrap();
+    let id = sid("after-crash");
+    let store = open(dir.path());
+    store.create(&header(&id)).await.unwrap();
+    let mut writer = TurnWriter::new(id.clone(), 40);
+    write_turns(&store, &mut writer, 2).await;
+    // The files as a SIGKILL leaves them, copied while the writer still has them open.
+    for (name, bytes) in files(dir.path()) {
+        std::fs::write(crashed.path().join(name), bytes).unwrap();
+    }
+    store.close().await.unwrap();
+    let before = files(crashed.path());
+    let names: Vec<&str> = before.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [
+            "sessions.lock",
+            "sessions.sqlite3",
+            "sessions.sqlite3-shm",
+            "sessions.sqlite3-wal"
+        ]
+    );
+    assert!(!before["sessions.sqlite3-wal"].is_empty());
+
+    for _ in 0..2 {
+        let reader = SqliteStore::open_read_only(crashed.path(), SqliteConfig::default()).unwrap();
+        let listed = reader.list().await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].n_events, writer.events().len() as u64);
+        let inspection = reader.inspect(&id).await.unwrap();
+        assert_eq!(to_json(&inspection.events), to_json(writer.events()));
+        reader.close().await.unwrap();
+        drop(reader);
+        assert!(
+            files(crashed.path()) == before,
+            "a read-only open changed the files"
+        );
+    }
+}
+
+/// A store closed cleanly has no `-wal`: a read-only open reads the database file as it is and
+/// creates nothing beside it.
+#[tokio::test]
+async fn a_read_only_open_of_a_clean_store_creates_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = sid("clean");
+    let store = open(dir.path());
+    store.create(&header(&id)).await.unwrap();
+    let mut writer = TurnWriter::new(id.clone(), 40);
+    write_turns(&store, &mut writer, 1).await;
+    store.close().await.unwrap();
+    let before = files(dir.path());
+    assert_eq!(before.len(), 2, "{:?}", before.keys());
+    let reader = SqliteStore::open_read_only(dir.path(), SqliteConfig::default()).unwrap();
+    assert_eq!(
+        to_json(&reader.inspect(&id).await.unwrap().events),
+        to_json(writer.events())
+    );
+    reader.close().await.unwrap();
+    drop(reader);
+    assert!(
+        files(dir.path()) == before,
+        "a read-only open changed the files"
+    );
+}
+
+/// One damaged page — the leaf holding the last rows of the session written last — costs only that
+/// session: `survey` lists the others and names it with SQLite's reason, `list` returns the others,
+/// and they still load. (Before, `list` failed as a whole.)
+#[tokio::test]
+async fn one_damaged_page_costs_only_the_session_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = [sid("first"), sid("second"), sid("damaged")];
+    let store = open(dir.path());
+    for id in &ids {
+        store.create(&header(id)).await.unwrap();
+        write_turns(&store, &mut TurnWriter::new(id.clone(), 6_000), 1).await;
+    }
+    let db = store.db_path().to_path_buf();
+    store.close().await.unwrap();
+    let (page_size, page): (i64, i64) = {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        let page_size = conn
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .unwrap();
+        // dbstat's `path` orders pages as the b-tree does: the last leaf is the table's end.
+        let page = conn
+            .query_row(
+                "SELECT pageno FROM dbstat WHERE name = 'events' AND pagetype = 'leaf' \
+                 ORDER BY path DESC LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        (page_size, page)
+    };
+    let mut bytes = std::fs::read(&db).unwrap();
+    let start = usize::try_from((page - 1) * page_size).unwrap();
+    bytes[start..start + usize::try_from(page_size).unwrap()].fill(0xAB);
+    std::fs::write(&db, bytes).unwrap();
+
+    let store = open(dir.path());
+    let survey = store.survey().await.unwrap();
+    let listed: Vec<&str> = survey
+        .sessions
+        .iter()
+        .map(|s| s.header.id.as_str())
+        .collect();
+    assert_eq!(listed, ["first", "second"]);
+    assert_eq!(survey.damaged.len(), 1, "{:?}", survey.damaged);
+    assert_eq!(survey.damaged[0].id, "damaged");
+    assert!(
+        survey.damaged[0]
+            .reason
+            .starts_with("its last event cannot be read: database disk image is malformed"),
+        "{}",
+        survey.damaged[0].reason
+    );
+    let listed = store.list().await.unwrap();
+    assert_eq!(listed, survey.sessions);
+    for id in &ids[..2] {
+        assert_eq!(store.load(id).await.unwrap().n_repaired, 0);
+    }
+    assert!(matches!(
+        store.load(&ids[2]).await,
+        Err(StoreError::Io { op: "load", .. })
+    ));
+    store.close().await.unwrap();
 }
 
 #[tokio::test]

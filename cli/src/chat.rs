@@ -26,6 +26,7 @@ use tokio::sync::mpsc;
 
 use crate::live::{self, AgentOptions, LiveAgent};
 use crate::render::{self, Style};
+use crate::text::visible;
 use crate::{ChatArgs, CliError, Config};
 use dsh_actors::{Observation, Observed};
 
@@ -41,13 +42,24 @@ const HELP: &str = concat!(
     "  /quit         leave (also Ctrl-D, or Ctrl-C at the prompt)",
 );
 
-/// Reads stdin line by line on a thread of its own; `None` after end of input.
+/// The longest input line taken (a message is at most this large, `Limits::message_bytes_max`);
+/// the rest of a longer line is read and discarded, never held.
+const LINE_BYTES_MAX: usize = dsh::limits::Limits::DEFAULT.message_bytes_max;
+
+/// Reads stdin line by line on a thread of its own; `None` after end of input. An over-long line or
+/// one that is not UTF-8 arrives as an error (shown, not sent).
 fn stdin_lines() -> mpsc::Receiver<io::Result<String>> {
     let (tx, rx) = mpsc::channel(LINES_BUFFERED_MAX);
     let spawned = std::thread::Builder::new()
         .name("dsh-stdin".into())
         .spawn(move || {
-            for line in io::stdin().lock().lines() {
+            let mut input = io::stdin().lock();
+            loop {
+                let line = match read_line(&mut input, LINE_BYTES_MAX) {
+                    Ok(None) => return,
+                    Ok(Some(line)) => line,
+                    Err(e) => Err(e),
+                };
                 if tx.blocking_send(line).is_err() {
                     return;
                 }
@@ -60,6 +72,55 @@ fn stdin_lines() -> mpsc::Receiver<io::Result<String>> {
         return rx2;
     }
     rx
+}
+
+/// Reads one line (without its line ending) holding at most `bytes_max` bytes of it. `Ok(None)` at
+/// the end of input; `Ok(Some(Err(_)))` for a line over `bytes_max` (the rest is read and dropped)
+/// or not UTF-8; `Err` for a failed read.
+fn read_line(input: &mut impl BufRead, bytes_max: usize) -> io::Result<Option<io::Result<String>>> {
+    let mut line = Vec::new();
+    let mut n_bytes = 0usize;
+    let mut any = false;
+    loop {
+        let available = match input.fill_buf() {
+            Ok(a) => a,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if available.is_empty() {
+            if !any {
+                return Ok(None);
+            }
+            break;
+        }
+        any = true;
+        let newline = memchr::memchr(b'\n', available);
+        let take = newline.unwrap_or(available.len());
+        let room = (bytes_max + 1).saturating_sub(line.len());
+        line.extend_from_slice(&available[..take.min(room)]);
+        n_bytes = n_bytes.saturating_add(take);
+        input.consume(take + usize::from(newline.is_some()));
+        if newline.is_some() {
+            break;
+        }
+    }
+    // A `\r` before the newline belongs to the line ending (only when the line was kept whole).
+    if line.len() == n_bytes && line.last() == Some(&b'\r') {
+        line.pop();
+        n_bytes -= 1;
+    }
+    if n_bytes > bytes_max {
+        return Ok(Some(Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("the line is {n_bytes} bytes, over the limit of {bytes_max}; it was not sent"),
+        ))));
+    }
+    Ok(Some(String::from_utf8(line).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the line is not UTF-8; it was not sent",
+        )
+    })))
 }
 
 /// The terminal side of the conversation.
@@ -88,7 +149,7 @@ impl Screen {
     fn note(&mut self, text: &str) {
         let mut out = self.out.lock();
         let _ = self.live.newline(&mut out);
-        let _ = writeln!(out, "{}", self.style.dim(text));
+        let _ = writeln!(out, "{}", self.style.dim(&visible(text)));
         let _ = out.flush();
     }
 
@@ -119,6 +180,7 @@ pub async fn run(args: ChatArgs, config: Config) -> Result<ExitCode, CliError> {
         shell: args.shell,
         max_tokens: args.max_tokens,
         system: args.system.clone(),
+        retry_timeout_ms: args.retry_timeout_ms,
     };
     let mut sigint = signal(SignalKind::interrupt())
         .map_err(|e| CliError::Failed(format!("cannot handle SIGINT: {e}")))?;
@@ -158,7 +220,8 @@ async fn converse(
         "{}",
         style.dim(&format!(
             "dsh chat · {} · {} · /help for commands",
-            agent.provider, agent.model
+            visible(&agent.provider),
+            visible(&agent.model)
         ))
     );
     let mut sub = agent.handle.subscribe();
@@ -191,43 +254,7 @@ async fn converse(
                 }
             },
             obs = sub.next() => {
-                let check = match obs {
-                    None => return Err(CliError::Failed("the agent stopped".into())),
-                    Some(Observation::Lagged(n)) => {
-                        screen.note(&format!("[display fell behind: {n} events not shown; `dsh show` has them all]"));
-                        true
-                    }
-                    Some(Observation::Item(Observed::Event { event, .. })) => {
-                        screen.event(&event);
-                        turn.last_seq = Some(event.seq);
-                        turn.reported_idle || matches!(event.data, EventData::TurnEnd(_))
-                    }
-                    Some(Observation::Item(Observed::Live { event: LiveEvent::Status(s), .. })) => {
-                        turn.reported_idle = s == Status::Idle;
-                        turn.reported_idle
-                    }
-                    Some(Observation::Item(Observed::Live { .. })) => false,
-                    Some(Observation::Item(Observed::Failed { reason, .. })) => {
-                        return Err(CliError::Failed(format!("the agent failed: {reason}")));
-                    }
-                    Some(Observation::Item(Observed::Restarted { .. })) => {
-                        screen.note("[the agent crashed and was restarted from its log]");
-                        true
-                    }
-                };
-                if turn.working && check && turn.idle_through.is_none() {
-                    let status = agent
-                        .handle
-                        .status()
-                        .await
-                        .map_err(|e| CliError::Failed(e.to_string()))?;
-                    if status.idle {
-                        turn.idle_through = Some(status.next_seq);
-                    }
-                }
-                if turn.is_done() {
-                    turn.working = false;
-                    turn.idle_through = None;
+                if on_observation(agent, screen, &mut turn, obs).await? {
                     if eof {
                         return Ok(());
                     }
@@ -247,6 +274,61 @@ async fn converse(
             }
         }
     }
+}
+
+/// Shows what the subscription delivered and tracks the turn's progress. Returns whether the work
+/// this command sent is now done (idle, with all of its output shown).
+async fn on_observation(
+    agent: &LiveAgent,
+    screen: &mut Screen,
+    turn: &mut Progress,
+    obs: Option<Observation>,
+) -> Result<bool, CliError> {
+    let check = match obs {
+        None => return Err(CliError::Failed("the agent stopped".into())),
+        Some(Observation::Lagged(n)) => {
+            screen.note(&format!(
+                "[display fell behind: {n} events not shown; `dsh show` has them all]"
+            ));
+            true
+        }
+        Some(Observation::Item(Observed::Event { event, .. })) => {
+            screen.event(&event);
+            turn.last_seq = Some(event.seq);
+            turn.reported_idle || matches!(event.data, EventData::TurnEnd(_))
+        }
+        Some(Observation::Item(Observed::Live {
+            event: LiveEvent::Status(s),
+            ..
+        })) => {
+            turn.reported_idle = s == Status::Idle;
+            turn.reported_idle
+        }
+        Some(Observation::Item(Observed::Live { .. })) => false,
+        Some(Observation::Item(Observed::Failed { reason, .. })) => {
+            return Err(CliError::Failed(format!("the agent failed: {reason}")));
+        }
+        Some(Observation::Item(Observed::Restarted { .. })) => {
+            screen.note("[the agent crashed and was restarted from its log]");
+            true
+        }
+    };
+    if turn.working && check && turn.idle_through.is_none() {
+        let status = agent
+            .handle
+            .status()
+            .await
+            .map_err(|e| CliError::Failed(e.to_string()))?;
+        if status.idle {
+            turn.idle_through = Some(status.next_seq);
+        }
+    }
+    if turn.is_done() {
+        turn.working = false;
+        turn.idle_through = None;
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// Whether the agent is working on what this command sent, and how far its output was shown.
@@ -354,4 +436,44 @@ async fn on_line(
         }
     }
     Ok(Next::Continue)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(input: &[u8], bytes_max: usize) -> Vec<Result<String, String>> {
+        let mut reader = io::BufReader::with_capacity(4, input);
+        let mut out = Vec::new();
+        while let Some(line) = read_line(&mut reader, bytes_max).expect("reads") {
+            out.push(line.map_err(|e| e.to_string()));
+        }
+        out
+    }
+
+    #[test]
+    fn lines_are_bounded_and_the_rest_of_a_long_line_is_dropped() {
+        assert_eq!(
+            lines(b"one\r\ntwo\n\nlast", 8),
+            [
+                Ok("one".into()),
+                Ok("two".into()),
+                Ok(String::new()),
+                Ok("last".into())
+            ]
+        );
+        assert_eq!(
+            lines(b"123456789\nok\n12345678\n", 8),
+            [
+                Err("the line is 9 bytes, over the limit of 8; it was not sent".into()),
+                Ok("ok".into()),
+                Ok("12345678".into())
+            ]
+        );
+        assert_eq!(
+            lines(b"\xff\xfe\n", 8),
+            [Err("the line is not UTF-8; it was not sent".into())]
+        );
+        assert!(lines(b"", 8).is_empty());
+    }
 }

@@ -1,6 +1,8 @@
 //! `dsh check ID|FILE`: validates a session — it parses, passes the invariant check — and reports
 //! what a load would do to it (the repair closers of an open last turn, a torn tail it would cut),
 //! writing nothing. Exit 0 when valid (repairs needed or not), 1 with the first problem when not.
+//! A stored session with unreadable rows is not valid: the error names every damaged seq (a file of
+//! JSON lines keeps the torn-tail rule, which only a file whose last write was cut can need).
 
 use std::io::Write;
 use std::process::ExitCode;

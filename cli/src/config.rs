@@ -21,6 +21,7 @@
 //! | `shell` | boolean | give the model the `shell` tool (default false) |
 //! | `[sim]` | table | the simulated model (`dsh::llm::sim::SimConfig`: `seed`, `ttft_ms`, `tokens_per_sec`, `reply_tokens_min`, `reply_tokens_max`, `tool_call_probability`, `max_tool_steps`, `reasoning`) |
 //! | `[openai]` | table | `connect_timeout_ms`, `idle_timeout_ms` |
+//! | `retry_timeout_ms` | integer ≥ 1 | bound on the whole retry sequence of one model request (default 600000, 10 min) |
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -30,14 +31,24 @@ use dsh::llm::sim::{SimConfig, SimProvider};
 use serde::Deserialize;
 
 use crate::GlobalArgs;
+use crate::secret::StartupKey;
+use crate::text::echo;
 
 /// Why a command failed. Printed as one line; `exit_code` picks the status.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
+    /// A bad invocation: flag, argument or environment (exit 64).
     #[error("{0}")]
     Usage(String),
+    /// A configuration file that cannot be read or is malformed (exit 64).
     #[error("config {path}: {reason}")]
-    Config { path: PathBuf, reason: String },
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, naming the key.
+        reason: String,
+    },
+    /// Anything else that failed (exit 1).
     #[error("{0}")]
     Failed(String),
     /// The reader of stdout went away (`dsh show ID | head`): not a failure, nothing to print.
@@ -46,6 +57,8 @@ pub enum CliError {
 }
 
 impl CliError {
+    /// The exit status for this error: 64 for usage and configuration, 1 for a failure, 0 for a
+    /// closed output.
     pub fn exit_code(&self) -> ExitCode {
         match self {
             CliError::Usage(_) | CliError::Config { .. } => ExitCode::from(64),
@@ -74,17 +87,22 @@ pub const CONFIG_FILE_NAME: &str = "dsh.toml";
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OpenAiTimeouts {
+    /// `connect_timeout_ms`: bound on establishing a connection.
     pub connect_timeout_ms: Option<u64>,
+    /// `idle_timeout_ms`: bound on each wait for the server.
     pub idle_timeout_ms: Option<u64>,
 }
 
 /// The resolved configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Where the store lives.
     pub data_dir: PathBuf,
     /// `None`: the default, `openai`. Invariant: when set, one of `PROVIDERS`.
     pub provider: Option<String>,
+    /// The OpenAI-compatible endpoint, when configured.
     pub base_url: Option<String>,
+    /// The model id, when configured.
     pub model: Option<String>,
     /// Output cap per request from `dsh.toml` (a `--max-tokens` flag overrides it).
     pub max_tokens: Option<u64>,
@@ -94,9 +112,16 @@ pub struct Config {
     pub shell: bool,
     /// The simulated model; validated.
     pub sim: SimConfig,
+    /// The `openai` provider's timeouts.
     pub openai: OpenAiTimeouts,
+    /// `retry_timeout_ms` in `dsh.toml`: bound on one request's retry sequence (a
+    /// `--retry-timeout-ms` flag overrides it; unset: `DEFAULT_SEQUENCE_MS_MAX`).
+    pub retry_timeout_ms: Option<u64>,
     /// The configuration file that was read, if any.
     pub file: Option<PathBuf>,
+    /// The API key taken from the environment at start-up (`secret::take_api_key`); `resolve`
+    /// leaves it `Unset` and `main` fills it in.
+    pub api_key: StartupKey,
 }
 
 /// What `dsh.toml` held, every key optional.
@@ -111,9 +136,10 @@ struct FileConfig {
     shell: Option<bool>,
     sim: Option<SimConfig>,
     openai: Option<OpenAiTimeouts>,
+    retry_timeout_ms: Option<u64>,
 }
 
-const KEYS: [&str; 9] = [
+const KEYS: [&str; 10] = [
     "data_dir",
     "provider",
     "base_url",
@@ -123,6 +149,7 @@ const KEYS: [&str; 9] = [
     "shell",
     "sim",
     "openai",
+    "retry_timeout_ms",
 ];
 
 impl Config {
@@ -168,7 +195,9 @@ impl Config {
             shell: file.shell.unwrap_or(false),
             sim: file.sim.unwrap_or_default(),
             openai: file.openai.unwrap_or_default(),
+            retry_timeout_ms: file.retry_timeout_ms,
             file: file_path,
+            api_key: StartupKey::Unset,
         })
     }
 
@@ -196,20 +225,15 @@ fn read_file(path: &Path, explicit: bool) -> Result<FileConfig, CliError> {
 
 /// Parses the text of a configuration file; relative paths are taken relative to `base`.
 fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
-    let table: toml::Table = toml::from_str(text).map_err(|e| {
-        let message = one_line(e.message());
-        match e.span() {
-            Some(span) => {
-                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-                format!("line {line}: {message}")
-            }
-            None => message,
-        }
-    })?;
+    let table = parse_toml(text)?;
     let mut out = FileConfig::default();
     for (key, value) in table {
         let bad = |expected: &str, value: &toml::Value| {
-            format!("key `{key}`: expected {expected}, got {}", value.type_str())
+            format!(
+                "key `{}`: expected {expected}, got {}",
+                echo(&key),
+                shown(value)
+            )
         };
         match key.as_str() {
             "data_dir" => {
@@ -221,7 +245,8 @@ fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
                 let s = non_empty_string(&value).ok_or_else(|| bad("a string", &value))?;
                 if !PROVIDERS.contains(&s) {
                     return Err(format!(
-                        "key `provider`: unknown provider `{s}`: expected openai, sim or script"
+                        "key `provider`: unknown provider `{}`: expected openai, sim or script",
+                        echo(s)
                     ));
                 }
                 out.provider = Some(s.to_string());
@@ -244,6 +269,14 @@ fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
                     .ok_or_else(|| bad("a positive integer", &value))?;
                 out.max_tokens = Some(n);
             }
+            "retry_timeout_ms" => {
+                let n = value
+                    .as_integer()
+                    .and_then(|n| u64::try_from(n).ok())
+                    .filter(|&n| n >= 1)
+                    .ok_or_else(|| bad("a positive integer (milliseconds)", &value))?;
+                out.retry_timeout_ms = Some(n);
+            }
             "system" => {
                 let s = value.as_str().ok_or_else(|| bad("a string", &value))?;
                 out.system = Some(s.to_string());
@@ -256,9 +289,7 @@ fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
                 if !value.is_table() {
                     return Err(bad("a table", &value));
                 }
-                let sim: SimConfig = value
-                    .try_into()
-                    .map_err(|e| format!("key `sim`: {}", one_line(e.message())))?;
+                let sim: SimConfig = table_of("sim", value)?;
                 SimProvider::new(sim.clone()).map_err(|e| format!("key `sim`: {e}"))?;
                 out.sim = Some(sim);
             }
@@ -266,32 +297,84 @@ fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
                 if !value.is_table() {
                     return Err(bad("a table", &value));
                 }
-                let openai: OpenAiTimeouts = value
-                    .try_into()
-                    .map_err(|e| format!("key `openai`: {}", one_line(e.message())))?;
-                for (name, ms) in [
-                    ("connect_timeout_ms", openai.connect_timeout_ms),
-                    ("idle_timeout_ms", openai.idle_timeout_ms),
-                ] {
-                    if let Some(ms) = ms
-                        && (ms == 0 || ms > TIMEOUT_MS_MAX)
-                    {
-                        return Err(format!(
-                            "key `openai.{name}`: {ms} is out of range 1..={TIMEOUT_MS_MAX}"
-                        ));
-                    }
-                }
+                let openai = read_openai(value)?;
                 out.openai = Some(openai);
             }
             other => {
                 return Err(format!(
-                    "unknown key `{other}` (known keys: {})",
+                    "unknown key `{}` (known keys: {})",
+                    echo(other),
                     KEYS.join(", ")
                 ));
             }
         }
     }
     Ok(out)
+}
+
+/// Parses the text of a configuration file as a TOML table; a syntax error names its line.
+fn parse_toml(text: &str) -> Result<toml::Table, String> {
+    toml::from_str(text).map_err(|e: toml::de::Error| {
+        let message = one_line(e.message());
+        match e.span() {
+            Some(span) => {
+                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                format!("line {line}: {message}")
+            }
+            None => message,
+        }
+    })
+}
+
+/// Reads the `[openai]` table: its timeouts, each within `1..=TIMEOUT_MS_MAX`.
+fn read_openai(value: toml::Value) -> Result<OpenAiTimeouts, String> {
+    let openai: OpenAiTimeouts = table_of("openai", value)?;
+    for (name, ms) in [
+        ("connect_timeout_ms", openai.connect_timeout_ms),
+        ("idle_timeout_ms", openai.idle_timeout_ms),
+    ] {
+        if let Some(ms) = ms
+            && (ms == 0 || ms > TIMEOUT_MS_MAX)
+        {
+            return Err(format!(
+                "key `openai.{name}`: {ms} is out of range 1..={TIMEOUT_MS_MAX}"
+            ));
+        }
+    }
+    Ok(openai)
+}
+
+/// Reads table `name` as a `T`. A bad entry is named by its dotted key (`sim.seed`) with serde's
+/// reason, which names the bad value: each entry is tried alone to find the one at fault.
+fn table_of<T: serde::de::DeserializeOwned>(name: &str, value: toml::Value) -> Result<T, String> {
+    let entries = match &value {
+        toml::Value::Table(t) => t.clone(),
+        _ => toml::Table::new(),
+    };
+    value.try_into().map_err(|whole: toml::de::Error| {
+        for (key, entry) in entries {
+            let mut alone = toml::Table::new();
+            alone.insert(key.clone(), entry);
+            if let Err(e) = toml::Value::Table(alone).try_into::<T>() {
+                return format!(
+                    "key `{name}.{}`: {}",
+                    echo(&key),
+                    echo(&one_line(e.message()))
+                );
+            }
+        }
+        format!("key `{name}`: {}", echo(&one_line(whole.message())))
+    })
+}
+
+/// A value as an error message shows it: scalars as written in TOML (capped), tables and arrays by
+/// kind.
+fn shown(value: &toml::Value) -> String {
+    match value {
+        toml::Value::Table(_) => "a table".to_string(),
+        toml::Value::Array(_) => "an array".to_string(),
+        scalar => format!("{} {}", scalar.type_str(), echo(&scalar.to_string())),
+    }
 }
 
 fn non_empty_string(value: &toml::Value) -> Option<&str> {
@@ -321,6 +404,7 @@ model = "m"
 max_tokens = 100
 system = "be brief"
 shell = true
+retry_timeout_ms = 60000
 [sim]
 seed = 7
 ttft_ms = 0
@@ -336,6 +420,7 @@ idle_timeout_ms = 5000
         assert_eq!(c.max_tokens, Some(100));
         assert_eq!(c.system.as_deref(), Some("be brief"));
         assert_eq!(c.shell, Some(true));
+        assert_eq!(c.retry_timeout_ms, Some(60_000));
         let sim = c.sim.expect("sim");
         assert_eq!((sim.seed, sim.ttft_ms), (7, 0));
         assert_eq!(sim.tokens_per_sec, SimConfig::default().tokens_per_sec);
@@ -355,26 +440,29 @@ idle_timeout_ms = 5000
         let cases = [
             (
                 "modle = \"x\"",
-                "unknown key `modle` (known keys: data_dir, provider, base_url, model, max_tokens, system, shell, sim, openai)",
+                "unknown key `modle` (known keys: data_dir, provider, base_url, model, max_tokens, system, shell, sim, openai, retry_timeout_ms)",
             ),
             (
                 "max_tokens = \"ten\"",
-                "key `max_tokens`: expected a positive integer, got string",
+                "key `max_tokens`: expected a positive integer, got string \"ten\"",
             ),
             (
                 "max_tokens = 0",
-                "key `max_tokens`: expected a positive integer, got integer",
+                "key `max_tokens`: expected a positive integer, got integer 0",
             ),
-            ("shell = 1", "key `shell`: expected a boolean, got integer"),
+            (
+                "shell = 1",
+                "key `shell`: expected a boolean, got integer 1",
+            ),
             (
                 "provider = \"gpt\"",
                 "key `provider`: unknown provider `gpt`: expected openai, sim or script",
             ),
             (
                 "data_dir = \"\"",
-                "key `data_dir`: expected a non-empty string, got string",
+                "key `data_dir`: expected a non-empty string, got string \"\"",
             ),
-            ("sim = 3", "key `sim`: expected a table, got integer"),
+            ("sim = 3", "key `sim`: expected a table, got integer 3"),
             (
                 "[openai]\nidle_timeout_ms = 0",
                 "key `openai.idle_timeout_ms`: 0 is out of range 1..=2147483647",
@@ -388,7 +476,18 @@ idle_timeout_ms = 5000
             assert_eq!(parsed(text).err().as_deref(), Some(want), "{text}");
         }
         let err = parsed("[sim]\nsed = 1").expect_err("unknown sim key");
-        assert!(err.starts_with("key `sim`: unknown field `sed`"), "{err}");
+        assert!(
+            err.starts_with("key `sim.sed`: unknown field `sed`"),
+            "{err}"
+        );
+        assert_eq!(
+            parsed("[sim]\nttft_ms = 1\nseed = \"x\"").err().as_deref(),
+            Some("key `sim.seed`: invalid type: string \"x\", expected u64")
+        );
+        assert_eq!(
+            parsed("[openai]\nidle_timeout_ms = -5").err().as_deref(),
+            Some("key `openai.idle_timeout_ms`: invalid value: integer `-5`, expected u64")
+        );
         let err = parsed("model = \"a\"\nthis is not toml").expect_err("syntax");
         assert!(err.starts_with("line 2: "), "{err}");
         assert!(!err.contains('\n'), "{err}");

@@ -14,14 +14,18 @@ mod check;
 pub mod config;
 mod live;
 pub mod render;
+mod retries;
 pub mod run;
 pub mod scenario;
+pub mod secret;
 mod sessions;
 mod show;
 pub mod sim;
 mod stored;
+pub mod text;
 pub mod tools;
 mod transfer;
+pub mod usage;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,8 +38,10 @@ pub use config::{CliError, Config};
 #[derive(Debug, Parser)]
 #[command(name = "dsh", version, max_term_width = 100)]
 pub struct Cli {
+    /// Flags every subcommand accepts.
     #[command(flatten)]
     pub global: GlobalArgs,
+    /// The subcommand to run.
     #[command(subcommand)]
     pub command: Command,
 }
@@ -60,6 +66,7 @@ pub struct GlobalArgs {
     pub config: Option<PathBuf>,
 }
 
+/// The subcommands of `dsh`.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Host N agents against the simulated model and report throughput, latency and memory.
@@ -82,6 +89,7 @@ pub enum Command {
     Scenario(ScenarioArgs),
 }
 
+/// Flags of `dsh sim`.
 #[derive(Debug, Clone, Args)]
 pub struct SimArgs {
     /// Number of agents.
@@ -139,6 +147,7 @@ pub struct SimArgs {
     pub ramp_ms: u64,
 }
 
+/// Flags of `dsh chat`.
 #[derive(Debug, Clone, Args)]
 pub struct ChatArgs {
     /// Continue this session, or create it under this id.
@@ -156,8 +165,13 @@ pub struct ChatArgs {
     /// The system prompt.
     #[arg(long, value_name = "TEXT")]
     pub system: Option<String>,
+    /// Give up retrying a failed model request once its retries have taken this long (default
+    /// 600000, or `retry_timeout_ms` in dsh.toml).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub retry_timeout_ms: Option<u64>,
 }
 
+/// The prompt and flags of `dsh run`.
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// The prompt.
@@ -177,8 +191,13 @@ pub struct RunArgs {
     /// The system prompt.
     #[arg(long, value_name = "TEXT")]
     pub system: Option<String>,
+    /// Give up retrying a failed model request once its retries have taken this long (default
+    /// 600000, or `retry_timeout_ms` in dsh.toml).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub retry_timeout_ms: Option<u64>,
 }
 
+/// Flags of `dsh sessions`.
 #[derive(Debug, Clone, Args)]
 pub struct SessionsArgs {
     /// Print JSON lines instead of a table.
@@ -186,6 +205,7 @@ pub struct SessionsArgs {
     pub json: bool,
 }
 
+/// The target and flags of `dsh show`.
 #[derive(Debug, Clone, Args)]
 pub struct ShowArgs {
     /// A session id, or a file of DSH v0 JSON lines.
@@ -195,12 +215,14 @@ pub struct ShowArgs {
     pub raw: bool,
 }
 
+/// The target of `dsh check`.
 #[derive(Debug, Clone, Args)]
 pub struct CheckArgs {
     /// A session id, or a file of DSH v0 JSON lines.
     pub target: String,
 }
 
+/// The session and flags of `dsh export`.
 #[derive(Debug, Clone, Args)]
 pub struct ExportArgs {
     /// The session id.
@@ -210,6 +232,7 @@ pub struct ExportArgs {
     pub output: Option<PathBuf>,
 }
 
+/// The file and flags of `dsh import`.
 #[derive(Debug, Clone, Args)]
 pub struct ImportArgs {
     /// A file of DSH v0 JSON lines.
@@ -219,12 +242,15 @@ pub struct ImportArgs {
     pub id: Option<String>,
 }
 
+/// `dsh scenario` and its subcommand.
 #[derive(Debug, Clone, Args)]
 pub struct ScenarioArgs {
+    /// The scenario subcommand.
     #[command(subcommand)]
     pub command: ScenarioCommand,
 }
 
+/// The subcommands of `dsh scenario`.
 #[derive(Debug, Clone, Subcommand)]
 pub enum ScenarioCommand {
     /// Run scenario files and print each resulting log as JSON lines (time fixed to 0).
@@ -238,8 +264,9 @@ pub enum ScenarioCommand {
     },
 }
 
-/// Runs the parsed command line to completion.
-pub fn main(cli: Cli) -> ExitCode {
+/// Runs the parsed command line to completion. `key` is the API key taken from the environment at
+/// start-up (`secret::take_api_key`).
+pub fn main(cli: Cli, key: secret::StartupKey) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -251,18 +278,26 @@ pub fn main(cli: Cli) -> ExitCode {
         }
     };
     let result = runtime.block_on(async move {
-        let config = Config::resolve(&cli.global)?;
+        let mut config = Config::resolve(&cli.global)?;
+        config.api_key = key;
         dispatch(cli.command, config).await
     });
-    match result {
+    let code = match result {
         Ok(code) => code,
         Err(CliError::OutputClosed) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("dsh: {e}");
+            eprintln!("dsh: {}", text::error_line(&e.to_string()));
             e.exit_code()
         }
-    }
+    };
+    // A blocking task that never returns (a read of a FIFO) must not keep the process alive:
+    // everything durable was closed above, so waiting briefly is enough.
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_WAIT);
+    code
 }
+
+/// How long the process waits at exit for blocking tasks still running.
+const RUNTIME_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 async fn dispatch(command: Command, config: Config) -> Result<ExitCode, CliError> {
     match command {

@@ -13,13 +13,15 @@ use dsh::SessionId;
 use dsh::hooks::Hooks;
 use dsh::llm::openai::{self, OpenAiConfig, OpenAiProvider};
 use dsh::llm::provider::{Provider, ProviderRegistry};
-use dsh::llm::retry::RetryHook;
+use dsh::llm::retry::SequenceBound;
 use dsh::llm::script::{Gates, ScriptEntry, ScriptProvider};
 use dsh::llm::sim::SimProvider;
 use dsh::session::store::SessionStore;
 use dsh::session::store::sqlite::{SqliteConfig, SqliteStore};
 use dsh::turn::AgentConfig;
 
+use crate::retries::AnnouncedRetries;
+use crate::secret::StartupKey;
 use crate::tools::{ShellConfig, builtin};
 use crate::{CliError, Config};
 use dsh_actors::AgentHandle;
@@ -41,22 +43,29 @@ pub struct AgentOptions {
     pub max_tokens: Option<u64>,
     /// `--system`, over the configuration's.
     pub system: Option<String>,
+    /// `--retry-timeout-ms`, over the configuration's.
+    pub retry_timeout_ms: Option<u64>,
 }
 
 /// A running host with the one agent the command drives.
 pub struct LiveAgent {
+    /// The host running the agent.
     pub host: Host,
+    /// The agent.
     pub handle: AgentHandle,
     /// The script provider's gates (`/open` in chat), when the script provider is in use.
     pub gates: Option<Gates>,
     /// Whether the session id was minted by this command (then it is printed).
     pub minted: bool,
+    /// The provider's route name.
     pub provider: String,
+    /// The model id in use.
     pub model: String,
     store: Arc<SqliteStore>,
 }
 
 impl LiveAgent {
+    /// The agent's session id.
     pub fn id(&self) -> &SessionId {
         self.handle.id()
     }
@@ -112,8 +121,16 @@ fn build_provider(config: &Config, script: Option<&Path>) -> Result<Built, CliEr
             })
         }
         _ => {
+            // The key variables were taken out of the environment at start-up (`secret`).
             let mut oc =
                 OpenAiConfig::from_env().map_err(|e| CliError::Usage(format!("openai: {e}")))?;
+            oc.api_key = match &config.api_key {
+                StartupKey::Key(key) => Some(key.clone()),
+                StartupKey::Invalid(reason) => {
+                    return Err(CliError::Usage(format!("openai: {reason}")));
+                }
+                StartupKey::Unset => None,
+            };
             if let Some(url) = &config.base_url {
                 oc.base_url = url.clone();
             }
@@ -179,7 +196,13 @@ pub async fn start(config: &Config, opts: &AgentOptions) -> Result<LiveAgent, Cl
     let mut providers = ProviderRegistry::new();
     providers.register(built.provider);
     let mut hooks = Hooks::new();
-    hooks.request_error.push(Arc::new(RetryHook::new()));
+    let bound = opts
+        .retry_timeout_ms
+        .or(config.retry_timeout_ms)
+        .map_or_else(SequenceBound::default, |ms_max| SequenceBound { ms_max });
+    hooks
+        .request_error
+        .push(Arc::new(AnnouncedRetries::new(bound)));
 
     let store = Arc::new(
         SqliteStore::open(&config.data_dir, SqliteConfig::default()).map_err(|e| {

@@ -9,7 +9,20 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let cli = dsh_cli::Cli::parse();
+    // SAFETY: this is the first statement of `main`: no other thread exists yet (the tokio runtime
+    // and the tracing subscriber are started below), so nothing can read the environment while the
+    // key variables are removed from it and their bytes wiped.
+    let key = unsafe { dsh_cli::secret::take_api_key() };
+    let cli = match dsh_cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Read as text only to name the subcommand in the hint (arguments may be any bytes).
+            let args: Vec<String> = std::env::args_os()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            return dsh_cli::usage::report(&e, &args);
+        }
+    };
     if let Ok(filter) = std::env::var("DSH_LOG") {
         match tracing_subscriber::EnvFilter::try_new(&filter) {
             Ok(filter) => tracing_subscriber::fmt()
@@ -17,10 +30,13 @@ fn main() -> ExitCode {
                 .with_writer(std::io::stderr)
                 .init(),
             Err(e) => {
-                eprintln!("dsh: DSH_LOG: {e}");
+                eprintln!(
+                    "dsh: DSH_LOG: {}",
+                    dsh_cli::text::error_line(&e.to_string())
+                );
                 return ExitCode::from(64);
             }
         }
     }
-    dsh_cli::main(cli)
+    dsh_cli::main(cli, key)
 }

@@ -6,6 +6,10 @@
 //! are not shown again. Non-surface events (turn and step boundaries, tool calls, retries, discarded
 //! input) are shown where they help a reader follow what happened.
 //!
+//! Nothing from the log reaches the terminal raw: every piece of text that the model, a tool, a
+//! server or the user wrote passes through `text::visible`, so an escape sequence in it (a title
+//! change, a screen clear) is shown as `^[…`, never obeyed. Only the styling below emits escapes.
+//!
 //! Styling is ANSI only when the output is a terminal and `NO_COLOR` is unset; without it, reasoning
 //! is prefixed (`[thinking]`) instead of dimmed, so the distinction survives a pipe.
 
@@ -18,6 +22,8 @@ use dsh::session::event::{
 };
 use serde_json::Value;
 
+use crate::text::visible;
+
 /// Characters of tool arguments shown on a tool line.
 const ARGS_SHOWN_MAX: usize = 80;
 /// Characters of a result's first line shown on a tool line.
@@ -28,6 +34,7 @@ const RESULT_LINES_SHOWN_MAX: usize = 20;
 /// Whether to use ANSI styling.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Style {
+    /// Whether ANSI styling is used.
     pub color: bool,
 }
 
@@ -48,18 +55,22 @@ impl Style {
         }
     }
 
+    /// `s` dimmed.
     pub fn dim(&self, s: &str) -> String {
         self.wrap("2", s)
     }
 
+    /// `s` in bold.
     pub fn bold(&self, s: &str) -> String {
         self.wrap("1", s)
     }
 
+    /// `s` in red (failures).
     pub fn red(&self, s: &str) -> String {
         self.wrap("31", s)
     }
 
+    /// `s` in cyan (tool lines, prompts).
     pub fn cyan(&self, s: &str) -> String {
         self.wrap("36", s)
     }
@@ -71,9 +82,9 @@ pub fn snippet(s: &str, chars_max: usize) -> String {
         .chars()
         .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
         .collect();
-    let flat = flat.trim();
+    let flat = visible(flat.trim());
     if flat.chars().count() <= chars_max {
-        flat.to_string()
+        flat.into_owned()
     } else {
         let mut out: String = flat.chars().take(chars_max.saturating_sub(1)).collect();
         out.push('…');
@@ -88,7 +99,11 @@ pub fn turn_end_note(reason: &TurnEndReason) -> Option<String> {
         TurnEndReason::MaxTokens => Some("max-tokens: the reply hit the output limit".into()),
         TurnEndReason::Blocked => Some("blocked: a hook refused the step".into()),
         TurnEndReason::Aborted { reason } => Some(format!("aborted ({})", cause_text(reason))),
-        TurnEndReason::Error { error } => Some(format!("error {}: {}", error.code, error.message)),
+        TurnEndReason::Error { error } => Some(format!(
+            "error {}: {}",
+            visible(&error.code),
+            visible(&error.message)
+        )),
         TurnEndReason::Interrupted => {
             Some("interrupted: the process stopped mid-turn (closed by repair)".into())
         }
@@ -99,7 +114,7 @@ fn cause_text(cause: &CancelCause) -> String {
     match cause {
         CancelCause::User => "cancelled by the user".into(),
         CancelCause::Parent => "cancelled by its parent".into(),
-        CancelCause::Hook { reason } => format!("cancelled by a hook: {reason}"),
+        CancelCause::Hook { reason } => format!("cancelled by a hook: {}", visible(reason)),
         CancelCause::Disposed => "the agent was disposed".into(),
         CancelCause::Legacy => "cancelled".into(),
     }
@@ -187,8 +202,9 @@ fn call_text(name: &str, arguments: &str) -> String {
     let compact = serde_json::from_str::<Value>(arguments)
         .map(|v| v.to_string())
         .unwrap_or_else(|_| arguments.to_string());
+    let name = visible(name);
     if compact.is_empty() || compact == "{}" {
-        name.to_string()
+        name.into_owned()
     } else {
         format!("{name} {}", snippet(&compact, ARGS_SHOWN_MAX))
     }
@@ -207,6 +223,7 @@ pub struct Live {
 }
 
 impl Live {
+    /// A renderer at the start of a line.
     pub fn new(style: Style) -> Live {
         Live {
             style,
@@ -254,7 +271,7 @@ impl Live {
         if text.is_empty() {
             return Ok(());
         }
-        out.write_all(text.as_bytes())?;
+        out.write_all(visible(text).as_bytes())?;
         self.at_line_start = text.ends_with('\n');
         Ok(())
     }
@@ -330,7 +347,7 @@ impl Live {
                         "[retry {} in {:.1} s: {} {}]",
                         r.retry,
                         delay_ms / 1000.0,
-                        r.failure.code,
+                        visible(&r.failure.code),
                         snippet(&r.failure.message, SUMMARY_SHOWN_MAX)
                     ))
                 )?;
@@ -388,126 +405,161 @@ pub fn transcript(
         "{}",
         style.bold(&format!(
             "session {}  created {}{}",
-            header.id,
+            visible(header.id.as_str()),
             utc(i64::try_from(header.created_at).unwrap_or(i64::MAX)),
             header
                 .cwd
                 .as_ref()
-                .map(|c| format!("  cwd {c}"))
+                .map(|c| format!("  cwd {}", visible(c)))
                 .unwrap_or_default()
         ))
     )?;
     let mut calls: HashMap<String, String> = HashMap::new();
     for event in events {
-        match &event.data {
-            EventData::TurnStart(t) => {
-                writeln!(out)?;
-                writeln!(out, "{}", style.bold(&format!("── turn {} ──", t.turn)))?;
-            }
-            EventData::StepStart(s) if s.step > 1 => {
-                writeln!(out, "{}", style.dim(&format!("   · step {}", s.step)))?;
-            }
-            EventData::UserMessage(m) if is_shown_surface(event) => {
-                let text = message_text(m);
-                let prefix = if m.source.kind() == "user" {
-                    "> ".to_string()
-                } else {
-                    format!("[{}] ", m.source.kind())
-                };
-                indented(out, &style.cyan(&prefix), &text)?;
-            }
-            EventData::AssistantMessage(a) if is_shown_surface(event) => {
-                for block in &a.message.content {
-                    match block {
-                        ContentBlock::Reasoning { text } => {
-                            let shown = if style.color {
-                                style.dim(text)
-                            } else {
-                                format!("[thinking] {text}")
-                            };
-                            writeln!(out, "{shown}")?;
-                        }
-                        ContentBlock::Text { text } => writeln!(out, "{text}")?,
-                        _ => {}
-                    }
-                }
-                if a.interrupted == Some(true) {
-                    writeln!(out, "{}", style.dim("[reply interrupted]"))?;
-                }
-            }
-            EventData::ToolCall(c) => {
-                calls.insert(c.call_id.clone(), c.name.clone());
-                writeln!(
-                    out,
-                    "{} {}",
-                    style.cyan("→"),
-                    call_text(&c.name, &c.arguments)
-                )?;
-            }
-            EventData::ToolResult(r) if is_shown_surface(event) => {
-                let name = result_call_id(r)
+        transcript_event(event, style, &mut calls, out)?;
+    }
+    Ok(())
+}
+
+/// Writes what one event adds to a transcript; `calls` maps call ids to tool names.
+fn transcript_event(
+    event: &Event,
+    style: Style,
+    calls: &mut HashMap<String, String>,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    match &event.data {
+        EventData::TurnStart(t) => {
+            writeln!(out)?;
+            writeln!(out, "{}", style.bold(&format!("── turn {} ──", t.turn)))?;
+        }
+        EventData::StepStart(s) if s.step > 1 => {
+            writeln!(out, "{}", style.dim(&format!("   · step {}", s.step)))?;
+        }
+        EventData::UserMessage(m) if is_shown_surface(event) => {
+            let text = message_text(m);
+            let prefix = if m.source.kind() == "user" {
+                "> ".to_string()
+            } else {
+                format!("[{}] ", visible(m.source.kind()))
+            };
+            indented(out, &style.cyan(&prefix), &visible(&text))?;
+        }
+        EventData::AssistantMessage(a) if is_shown_surface(event) => {
+            transcript_assistant(a, style, out)?;
+        }
+        EventData::ToolCall(c) => {
+            calls.insert(c.call_id.clone(), c.name.clone());
+            writeln!(
+                out,
+                "{} {}",
+                style.cyan("→"),
+                call_text(&c.name, &c.arguments)
+            )?;
+        }
+        EventData::ToolResult(r) if is_shown_surface(event) => {
+            let name = visible(
+                result_call_id(r)
                     .and_then(|id| calls.get(id))
-                    .map_or("tool", String::as_str);
-                let (text, is_error) = result_text(r);
-                let head = if is_error {
-                    style.red(&format!("← {name} failed:"))
+                    .map_or("tool", String::as_str),
+            );
+            transcript_result(r, &name, style, out)?;
+        }
+        EventData::LlmRetry(r) => {
+            let delay_ms = r.delay_ms.as_f64().unwrap_or(0.0);
+            writeln!(
+                out,
+                "{}",
+                style.dim(&format!(
+                    "[retry {} after {:.1} s: {} {}]",
+                    r.retry,
+                    delay_ms / 1000.0,
+                    visible(&r.failure.code),
+                    visible(&r.failure.message)
+                ))
+            )?;
+        }
+        EventData::InboxSpliced(s) if s.outcome.is_some() => {
+            let n = s.removed_count.unwrap_or(0);
+            writeln!(
+                out,
+                "{}",
+                style.dim(&format!(
+                    "[{n} pending input{} discarded]",
+                    if n == 1 { "" } else { "s" }
+                ))
+            )?;
+        }
+        EventData::TurnEnd(end) => {
+            let text = match turn_end_note(&end.reason) {
+                None => format!("── end of turn {}: completed ──", end.turn),
+                Some(note) => format!("── end of turn {}: {note} ──", end.turn),
+            };
+            let shown = match end.reason {
+                TurnEndReason::Error { .. } | TurnEndReason::Interrupted => style.red(&text),
+                _ => style.dim(&text),
+            };
+            writeln!(out, "{shown}")?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The text and reasoning of an assistant message in a transcript.
+fn transcript_assistant(
+    a: &dsh::session::event::AssistantMessageEvent,
+    style: Style,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    for block in &a.message.content {
+        match block {
+            ContentBlock::Reasoning { text } => {
+                let text = visible(text);
+                let shown = if style.color {
+                    style.dim(&text)
                 } else {
-                    style.cyan(&format!("← {name}:"))
-                };
-                writeln!(out, "{head}")?;
-                let n_lines = text.lines().count();
-                for line in text.lines().take(RESULT_LINES_SHOWN_MAX) {
-                    writeln!(out, "    {line}")?;
-                }
-                if n_lines > RESULT_LINES_SHOWN_MAX {
-                    writeln!(
-                        out,
-                        "    {}",
-                        style.dim(&format!(
-                            "… {} more lines",
-                            n_lines - RESULT_LINES_SHOWN_MAX
-                        ))
-                    )?;
-                }
-            }
-            EventData::LlmRetry(r) => {
-                let delay_ms = r.delay_ms.as_f64().unwrap_or(0.0);
-                writeln!(
-                    out,
-                    "{}",
-                    style.dim(&format!(
-                        "[retry {} after {:.1} s: {} {}]",
-                        r.retry,
-                        delay_ms / 1000.0,
-                        r.failure.code,
-                        r.failure.message
-                    ))
-                )?;
-            }
-            EventData::InboxSpliced(s) if s.outcome.is_some() => {
-                let n = s.removed_count.unwrap_or(0);
-                writeln!(
-                    out,
-                    "{}",
-                    style.dim(&format!(
-                        "[{n} pending input{} discarded]",
-                        if n == 1 { "" } else { "s" }
-                    ))
-                )?;
-            }
-            EventData::TurnEnd(end) => {
-                let text = match turn_end_note(&end.reason) {
-                    None => format!("── end of turn {}: completed ──", end.turn),
-                    Some(note) => format!("── end of turn {}: {note} ──", end.turn),
-                };
-                let shown = match end.reason {
-                    TurnEndReason::Error { .. } | TurnEndReason::Interrupted => style.red(&text),
-                    _ => style.dim(&text),
+                    format!("[thinking] {text}")
                 };
                 writeln!(out, "{shown}")?;
             }
+            ContentBlock::Text { text } => writeln!(out, "{}", visible(text))?,
             _ => {}
         }
+    }
+    if a.interrupted == Some(true) {
+        writeln!(out, "{}", style.dim("[reply interrupted]"))?;
+    }
+    Ok(())
+}
+
+/// A tool result in a transcript: its head line, then its first lines.
+fn transcript_result(
+    r: &ToolResultEvent,
+    name: &str,
+    style: Style,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    let (text, is_error) = result_text(r);
+    let head = if is_error {
+        style.red(&format!("← {name} failed:"))
+    } else {
+        style.cyan(&format!("← {name}:"))
+    };
+    writeln!(out, "{head}")?;
+    let n_lines = text.lines().count();
+    for line in text.lines().take(RESULT_LINES_SHOWN_MAX) {
+        writeln!(out, "    {}", visible(line))?;
+    }
+    if n_lines > RESULT_LINES_SHOWN_MAX {
+        writeln!(
+            out,
+            "    {}",
+            style.dim(&format!(
+                "… {} more lines",
+                n_lines - RESULT_LINES_SHOWN_MAX
+            ))
+        )?;
     }
     Ok(())
 }
@@ -550,6 +602,42 @@ mod tests {
         assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00");
         assert_eq!(utc(1_700_000_000_123), "2023-11-14 22:13:20");
         assert_eq!(utc(-1_000), "1969-12-31 23:59:59");
+    }
+
+    /// Escapes in streamed text, reasoning, tool names and arguments, and failures are shown.
+    #[test]
+    fn live_output_shows_control_characters() {
+        use dsh::session::event::AssistantChunk;
+        let chunk = |chunk: StreamChunk| Event {
+            seq: 0,
+            time: 0,
+            data: EventData::AssistantChunk(Box::new(AssistantChunk {
+                turn: 1,
+                step: 1,
+                chunk,
+            })),
+            ignorable: false,
+            source_event_seqs: None,
+            surface_op: None,
+        };
+        let mut live = Live::new(Style { color: false });
+        let mut out = Vec::new();
+        for c in [
+            StreamChunk::ReasoningDelta {
+                index: 0,
+                text: "plan\x1b]0;x\x07".into(),
+            },
+            StreamChunk::TextDelta {
+                index: 1,
+                text: "hi\x1b[2J\n".into(),
+            },
+        ] {
+            live.event(&chunk(c), &mut out).expect("writes");
+        }
+        let shown = String::from_utf8(out).expect("utf-8");
+        assert_eq!(shown, "[thinking] plan^[]0;x^G\nhi^[[2J\n");
+        assert_eq!(call_text("r\x1bx", "not json \x1b"), "r^[x not json ^[");
+        assert_eq!(snippet("a\x1bb", 10), "a^[b");
     }
 
     #[test]

@@ -17,6 +17,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::live::{self, AgentOptions, LiveAgent};
 use crate::render::turn_end_note;
+use crate::text::echo;
 use crate::{CliError, Config, RunArgs};
 
 /// Exit status of a turn that ended `error`.
@@ -77,6 +78,7 @@ pub async fn run(args: RunArgs, config: Config) -> Result<ExitCode, CliError> {
         shell: args.shell,
         max_tokens: args.max_tokens,
         system: args.system.clone(),
+        retry_timeout_ms: args.retry_timeout_ms,
     };
     // Install the handlers first, so a signal during start-up cannot kill the process mid-write.
     let mut sigint = signal(SignalKind::interrupt())
@@ -91,7 +93,7 @@ pub async fn run(args: RunArgs, config: Config) -> Result<ExitCode, CliError> {
     let stopped = agent.stop().await;
     let outcome = result?;
     stopped?;
-    Ok(report(outcome))
+    report(outcome)
 }
 
 async fn drive(
@@ -139,7 +141,8 @@ pub(crate) fn verdict(reason: Option<&TurnEndReason>) -> (u8, Option<String>) {
             EXIT_ERROR,
             Some(format!(
                 "dsh: the turn failed: {} {}",
-                error.code, error.message
+                echo(&error.code),
+                echo(&error.message)
             )),
         ),
         Some(TurnEndReason::Blocked) => (
@@ -156,23 +159,33 @@ pub(crate) fn verdict(reason: Option<&TurnEndReason>) -> (u8, Option<String>) {
     }
 }
 
-fn report(outcome: Outcome) -> ExitCode {
+/// Prints the answer (stdout) and the verdict line (stderr) and returns the exit status.
+///
+/// # Errors
+/// A failed write or flush of the answer: `CliError::OutputClosed` for a closed pipe (a quiet
+/// exit), else `CliError::Failed` (`dsh run … > /dev/full` must not exit 0).
+fn report(outcome: Outcome) -> Result<ExitCode, CliError> {
     let reason = outcome.end.as_ref().map(|(_, r)| r);
     let (code, line) = verdict(reason);
     if code == 0
         && let Some(t) = &outcome.text
     {
-        let mut out = std::io::stdout().lock();
-        let _ = out.write_all(t.as_bytes());
-        if !t.ends_with('\n') {
-            let _ = out.write_all(b"\n");
-        }
-        let _ = out.flush();
+        write_answer(&mut std::io::stdout().lock(), t)
+            .map_err(|e| CliError::output("writing the answer", e))?;
     }
     if let Some(line) = line {
         eprintln!("{line}");
     }
-    ExitCode::from(code)
+    Ok(ExitCode::from(code))
+}
+
+/// Writes the answer and a final newline if it has none, then flushes.
+fn write_answer(out: &mut impl Write, text: &str) -> std::io::Result<()> {
+    out.write_all(text.as_bytes())?;
+    if !text.ends_with('\n') {
+        out.write_all(b"\n")?;
+    }
+    out.flush()
 }
 
 #[cfg(test)]

@@ -66,7 +66,11 @@ pub async fn run_files(check: bool, files: &[PathBuf]) -> Result<ExitCode, CliEr
                 );
             }
             Err(reason) => {
-                eprintln!("scenario {}: FAILED: {reason}", file.display());
+                eprintln!(
+                    "scenario {}: FAILED: {}",
+                    file.display(),
+                    crate::text::visible(&reason)
+                );
                 failures.push(format!("{}: {reason}", file.display()));
             }
         }

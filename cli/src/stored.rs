@@ -1,7 +1,9 @@
 //! Reading stored sessions for the commands that only look (`sessions`, `show`, `check`, `export`):
 //! open the store only if one exists, and read a target that is either a session id or a file of
-//! DSH v0 JSON lines. Nothing here writes: sessions are read with `SessionStore::inspect` (never
-//! `load`, which would append repair closers) and a missing data directory is not created.
+//! DSH v0 JSON lines. Nothing here writes: the store is opened with `SqliteStore::open_read_only`
+//! (SQLite's read-only mode, which never checkpoints nor deletes the `-wal` and `-shm` a crash left,
+//! and works on a store the user can only read), sessions are read with `SessionStore::inspect`
+//! (never `load`, which would append repair closers), and a missing data directory is not created.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -72,6 +74,7 @@ pub async fn close(store: SqliteStore) -> Result<(), CliError> {
 /// A session read for inspection, from the store or from a file.
 #[derive(Debug)]
 pub struct Inspected {
+    /// The session's header.
     pub header: SessionHeader,
     /// The valid prefix of the log.
     pub events: Vec<Event>,

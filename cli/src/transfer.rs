@@ -18,6 +18,7 @@ use dsh::session::store::jsonl::{ImportOptions, export, import_with};
 use dsh::session::store::{EncodedEvent, SessionStore, StoreError};
 
 use crate::stored::{close, inspect_stored, open, open_existing};
+use crate::text::{echo, error_line};
 use crate::{CliError, Config, ExportArgs, ImportArgs};
 
 /// Runs `dsh export`.
@@ -53,11 +54,25 @@ pub async fn export_cmd(args: ExportArgs, config: Config) -> Result<ExitCode, Cl
 }
 
 /// Writes `path` through a temporary file in the same directory, synced and then renamed over it.
+/// A `path` that exists and is not a regular file (a symlink, FIFO, device, directory) is refused
+/// before anything is written: renaming over it would replace the link or node itself.
 fn write_atomically(
     path: &Path,
     write: impl FnOnce(&mut File) -> std::io::Result<()>,
 ) -> Result<(), CliError> {
-    let fail = |e: std::io::Error| CliError::Failed(format!("{}: {e}", path.display()));
+    let shown = echo(&path.display().to_string());
+    let fail = |e: std::io::Error| CliError::Failed(format!("{shown}: {e}"));
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_file() => {
+            return Err(CliError::Failed(format!(
+                "{shown}: exists and is not a regular file ({}); refusing to replace it",
+                file_kind(meta.file_type())
+            )));
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fail(e)),
+    }
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -73,6 +88,24 @@ fn write_atomically(
     Ok(())
 }
 
+/// What a non-regular file is, in words.
+fn file_kind(kind: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_symlink() {
+        "a symbolic link"
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
 /// Runs `dsh import`.
 ///
 /// # Errors
@@ -83,14 +116,21 @@ pub async fn import_cmd(args: ImportArgs, config: Config) -> Result<ExitCode, Cl
         Some(s) => Some(SessionId::new(s).map_err(|e| CliError::Usage(format!("--id: {e}")))?),
         None => None,
     };
-    let file = File::open(&args.file)
-        .map_err(|e| CliError::Failed(format!("{}: {e}", args.file.display())))?;
+    let file = File::open(&args.file).map_err(|e| {
+        CliError::Failed(format!("{}: {e}", echo(&args.file.display().to_string())))
+    })?;
     let options = ImportOptions {
         session_id,
         cwd: None,
     };
-    let imported = import_with(&mut BufReader::new(file), &Limits::DEFAULT, &options)
-        .map_err(|e| CliError::Failed(format!("invalid: {}: {e}", args.file.display())))?;
+    let imported =
+        import_with(&mut BufReader::new(file), &Limits::DEFAULT, &options).map_err(|e| {
+            CliError::Failed(format!(
+                "invalid: {}: {}",
+                echo(&args.file.display().to_string()),
+                error_line(&e.to_string())
+            ))
+        })?;
     let id = imported.header.id.clone();
     if imported.events.is_empty() {
         return Err(CliError::Failed(format!(

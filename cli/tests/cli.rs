@@ -679,7 +679,7 @@ fn malformed_configuration_names_the_key_and_writes_nothing() {
         ),
         (
             "[sim]\nseeed = 1\n",
-            "config dsh.toml: key `sim`: unknown field `seeed`",
+            "config dsh.toml: key `sim.seeed`: unknown field `seeed`",
         ),
         (
             "[openai]\nidle_timeout_ms = 0\n",
@@ -1233,4 +1233,577 @@ fn reading_commands_work_while_a_chat_holds_the_store() {
     chat.send_line("/open g1").expect("send");
     chat.exp_string("> ").expect("the prompt comes back");
     quit(chat);
+}
+
+// ---------------------------------------------------------------------------------------------
+// hostile use (issue 10)
+
+/// How long a hang guard waits before it acts: far beyond any healthy run.
+const HANG_GUARD: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A hang guard: runs `on_hang` if it is not disarmed within `HANG_GUARD`. The test itself waits
+/// on the process or file it cares about; the guard only turns a hang into a failure.
+struct Watchdog {
+    disarm: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<bool>,
+}
+
+impl Watchdog {
+    fn arm(on_hang: impl FnOnce() + Send + 'static) -> Watchdog {
+        let (disarm, disarmed) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let fired = matches!(
+                disarmed.recv_timeout(HANG_GUARD),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+            );
+            if fired {
+                on_hang();
+            }
+            fired
+        });
+        Watchdog { disarm, thread }
+    }
+
+    /// Stops the guard; whether it had fired.
+    fn disarm(self) -> bool {
+        let _ = self.disarm.send(());
+        self.thread.join().expect("the watchdog thread")
+    }
+}
+
+/// Sends SIGKILL to `pid`.
+fn kill_pid(pid: u32) {
+    if let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+    }
+}
+
+/// Waits for a child that must end by itself; a hang guard kills it and fails the test if it has
+/// not ended (the bug this guards against is a process that never exits).
+fn wait_bounded(child: std::process::Child, what: &str) -> Run {
+    let pid = child.id();
+    let guard = Watchdog::arm(move || kill_pid(pid));
+    let out = child.wait_with_output().expect("collect the output");
+    let hung = guard.disarm();
+    let run = Run::from(out);
+    assert!(
+        !hung,
+        "{what}: still running after {HANG_GUARD:?}, killed: {run:#?}"
+    );
+    run
+}
+
+/// A `dsh` invocation with piped output, hang-guarded.
+fn run_bounded(cmd: &mut Command, what: &str) -> Run {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("dsh runs");
+    wait_bounded(child, what)
+}
+
+fn mkfifo(path: &Path) {
+    let status = Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo runs");
+    assert!(status.success(), "mkfifo {}", path.display());
+}
+
+/// A single tool call, then a final text.
+fn one_call(sb: &Sandbox, tool: &str, args: Value, answer: &str) -> PathBuf {
+    sb.script(
+        "s.json",
+        serde_json::json!([
+            {"tool_calls": [{"id": "c1", "name": tool, "arguments": args.to_string()}]},
+            {"text": answer}
+        ]),
+    )
+}
+
+/// Item 1: `read_file` on a FIFO used to block the turn forever (and the process after it).
+#[test]
+fn read_file_refuses_a_fifo_without_blocking() {
+    let sb = Sandbox::new();
+    mkfifo(&sb.path().join("fifo"));
+    let script = one_call(
+        &sb,
+        "read_file",
+        serde_json::json!({"path": "fifo"}),
+        "done",
+    );
+    let r = run_bounded(
+        &mut sb.command(&[
+            "run",
+            "--session",
+            "f",
+            "--script",
+            script.to_str().expect("utf-8"),
+            "read it",
+        ]),
+        "dsh run reading a FIFO",
+    );
+    assert_eq!((r.code, r.stdout.as_str()), (Some(0), "done\n"), "{r:#?}");
+    let events = sb.events("f");
+    let result = &of_type(&events, "tool/result")[0]["data"];
+    assert_eq!(result["error"]["code"], "NOT_A_FILE", "{result}");
+    assert_eq!(
+        result["message"]["content"][0]["content"][0]["text"],
+        "Error: fifo: is not a regular file (a FIFO, socket or device); only regular files are read"
+    );
+}
+
+/// Item 2, as it was found: the shell tool reads `dsh`'s own environment block through `/proc`.
+#[test]
+fn the_shell_tool_cannot_read_the_api_key() {
+    const CANARY: &str = "sk-canary-7f3a9c1e5b";
+    let sb = Sandbox::new();
+    let command = "tr '\\0' '\\n' </proc/$PPID/environ; echo ---; tr '\\0' '\\n' </proc/self/environ; \
+                   echo ---; env; echo ---; cat /proc/$PPID/cmdline";
+    let script = one_call(
+        &sb,
+        "shell",
+        serde_json::json!({"command": command}),
+        "looked",
+    );
+    for var in ["DEEPSEEK_API_KEY", "OPENAI_API_KEY"] {
+        let session = format!("k-{}", var.to_lowercase().replace('_', "-"));
+        let r = Run::from(
+            sb.command(&[
+                "run",
+                "--shell",
+                "--session",
+                &session,
+                "--script",
+                script.to_str().expect("utf-8"),
+                "look",
+            ])
+            .env(var, CANARY)
+            .output()
+            .expect("dsh runs"),
+        );
+        assert_eq!((r.code, r.stdout.as_str()), (Some(0), "looked\n"), "{r:#?}");
+        assert!(!r.stderr.contains(CANARY), "{r:#?}");
+        let export = sb.run(&["export", &session]);
+        assert_eq!(export.code, Some(0), "{export:#?}");
+        let text = export.stdout;
+        // The command did read dsh's environment block (PATH is in it), but not the key.
+        let output = text
+            .lines()
+            .find(|l| l.contains("\"type\":\"tool/result\""))
+            .expect("a tool result");
+        assert!(output.contains("PATH="), "{output}");
+        assert!(
+            !text.contains(CANARY),
+            "{var} leaked into the log: {output}"
+        );
+        assert!(
+            !text.contains(var),
+            "{var} is still named in the environment: {output}"
+        );
+    }
+}
+
+/// Item 3: `export -o` used to rename over a symlink or a FIFO, replacing the link or node.
+#[test]
+fn export_refuses_a_target_that_is_not_a_regular_file() {
+    let sb = populated();
+    let outside = tempfile::tempdir().expect("tempdir");
+    let target = outside.path().join("target.txt");
+    std::fs::write(&target, "keep me").expect("write");
+    std::os::unix::fs::symlink(&target, sb.path().join("link.jsonl")).expect("symlink");
+    mkfifo(&sb.path().join("fifo.jsonl"));
+    std::fs::create_dir(sb.path().join("dir.jsonl")).expect("mkdir");
+    for (name, kind) in [
+        ("link.jsonl", "a symbolic link"),
+        ("fifo.jsonl", "a FIFO"),
+        ("dir.jsonl", "a directory"),
+    ] {
+        let r = sb.run(&["export", "first", "-o", name]);
+        r.assert_one_line_error(
+            1,
+            &format!("{name}: exists and is not a regular file ({kind}); refusing to replace it"),
+        );
+    }
+    use std::os::unix::fs::FileTypeExt;
+    let meta = |n: &str| std::fs::symlink_metadata(sb.path().join(n)).expect("stat");
+    assert!(meta("link.jsonl").file_type().is_symlink());
+    assert!(meta("fifo.jsonl").file_type().is_fifo());
+    assert!(meta("dir.jsonl").is_dir());
+    assert_eq!(std::fs::read_to_string(&target).expect("read"), "keep me");
+    // A regular file is still replaced whole.
+    sb.write("plain.jsonl", "old");
+    let r = sb.run(&["export", "first", "-o", "plain.jsonl"]);
+    assert_eq!(r.code, Some(0), "{r:#?}");
+    assert_eq!(
+        std::fs::read_to_string(sb.path().join("plain.jsonl")).expect("read"),
+        sb.run(&["export", "first"]).stdout
+    );
+}
+
+/// Item 4: an answer that cannot be written is an error; a closed pipe stays a quiet exit.
+#[test]
+fn run_fails_when_its_answer_cannot_be_written() {
+    let sb = Sandbox::new();
+    let script = sb.script("s.json", serde_json::json!([{"text": "the answer"}]));
+    let script = script.to_str().expect("utf-8");
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full");
+    let r = Run::from(
+        sb.command(&["run", "--session", "full", "--script", script, "hi"])
+            .stdout(full)
+            .output()
+            .expect("dsh runs"),
+    );
+    assert_eq!(r.code, Some(1), "{r:#?}");
+    assert_eq!(
+        r.stderr,
+        "dsh: writing the answer: No space left on device (os error 28)\n"
+    );
+
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let r = Run::from(
+        sb.command(&["run", "--session", "closed", "--script", script, "hi"])
+            .stdout(writer)
+            .output()
+            .expect("dsh runs"),
+    );
+    assert_eq!((r.code, r.stderr.as_str()), (Some(0), ""), "{r:#?}");
+}
+
+/// Item 8: escapes in model text, tool arguments and paths are shown, never sent to the terminal.
+#[test]
+fn terminal_escapes_are_shown_not_obeyed() {
+    let sb = Sandbox::new();
+    let hostile = "title\u{1b}]0;pwned\u{7}clear\u{1b}[2J\u{9b}1m";
+    let script = sb.script(
+        "s.json",
+        serde_json::json!([
+            {"text": format!("think {hostile}"),
+             "tool_calls": [{"id": "c1", "name": "read_file",
+                             "arguments": serde_json::json!({"path": hostile}).to_string()}]},
+            {"text": format!("answer {hostile}")}
+        ]),
+    );
+    let script = script.to_str().expect("utf-8");
+    let shown = "title^[]0;pwned^Gclear^[[2J\\u{9b}1m";
+    let r = sb.run(&["run", "--session", "esc", "--script", script, "hi"]);
+    assert_eq!(r.code, Some(0), "{r:#?}");
+    let show = sb.run(&["show", "esc"]);
+    assert_eq!(show.code, Some(0), "{show:#?}");
+    let bad = |c: char| c.is_control() && c != '\n' && c != '\t';
+    assert!(!show.stdout.chars().any(bad), "{:?}", show.stdout);
+    assert!(
+        show.stdout.contains(&format!("answer {shown}")),
+        "{}",
+        show.stdout
+    );
+    assert!(
+        show.stdout.contains(&format!("think {shown}")),
+        "{}",
+        show.stdout
+    );
+    assert!(
+        show.stdout.contains(&format!("Error: {shown}: ")),
+        "{}",
+        show.stdout
+    );
+    // --raw stays exact.
+    let raw = sb.run(&["show", "--raw", "esc"]);
+    assert!(
+        raw.stdout.contains("answer title\\u001b]0;pwned\\u0007"),
+        "{}",
+        raw.stdout
+    );
+
+    // dsh chat renders the streamed answer the same way.
+    let mut child = sb
+        .command(&["chat", "--session", "esc2", "--script", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("dsh chat runs");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(b"hi\n").expect("write");
+    }
+    let r = wait_bounded(child, "dsh chat");
+    assert_eq!(r.code, Some(0), "{r:#?}");
+    assert!(!r.stdout.chars().any(bad), "{:?}", r.stdout);
+    assert!(
+        r.stdout.contains(&format!("answer {shown}")),
+        "{}",
+        r.stdout
+    );
+}
+
+/// Item 9: an error that echoes a 5 MB value is one bounded line.
+#[test]
+fn error_lines_are_bounded() {
+    let sb = populated();
+    let export = sb.run(&["export", "first"]).stdout;
+    let mut lines = export.lines();
+    let mut header: Value = serde_json::from_str(lines.next().expect("header")).expect("JSON");
+    header["id"] = Value::String("x".repeat(5 << 20));
+    let mut file = header.to_string();
+    for l in lines {
+        file.push('\n');
+        file.push_str(l);
+    }
+    file.push('\n');
+    sb.write("huge.jsonl", &file);
+    let before = sb.snapshot();
+    for args in [
+        vec!["import", "huge.jsonl"],
+        vec!["show", "huge.jsonl"],
+        vec!["check", "huge.jsonl"],
+    ] {
+        let r = sb.run(&args);
+        assert_eq!(
+            r.code,
+            Some(1),
+            "{args:?}: {}",
+            &r.stderr[..r.stderr.len().min(300)]
+        );
+        assert_eq!(r.stderr.lines().count(), 1, "{args:?}");
+        assert!(r.stderr.starts_with("dsh: "), "{args:?}");
+        assert!(
+            r.stderr.chars().count() <= 420,
+            "{args:?}: {} chars",
+            r.stderr.len()
+        );
+        assert!(r.stderr.trim_end().ends_with('…'), "{args:?}: {}", r.stderr);
+    }
+    assert_eq!(sb.snapshot(), before);
+    // An echoed argument too.
+    let long_id = "y".repeat(100_000);
+    let r = sb.run(&["export", &long_id]);
+    assert_eq!(r.code, Some(64), "{}", &r.stderr[..r.stderr.len().min(300)]);
+    assert!(r.stderr.chars().count() <= 420, "{} chars", r.stderr.len());
+}
+
+/// Item 10: an over-long input line is refused without holding it whole; the next line is read.
+#[test]
+fn chat_refuses_an_over_long_line_and_reads_on() {
+    let sb = Sandbox::new();
+    let script = sb.script("s.json", serde_json::json!([{"text": "short answer"}]));
+    let mut child = sb
+        .command(&["chat", "--script", script.to_str().expect("utf-8")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("dsh chat runs");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let long = vec![b'a'; 3 << 20];
+        stdin.write_all(&long).expect("write");
+        stdin.write_all(b"\nhello\n").expect("write");
+    });
+    let r = wait_bounded(child, "dsh chat");
+    writer.join().expect("writer");
+    assert_eq!(r.code, Some(0), "{r:#?}");
+    assert!(
+        r.stdout.starts_with(
+            "> \n[cannot read input: the line is 3145728 bytes, over the limit of 1048576; it was not sent]\nshort answer\n"
+        ),
+        "{:?}",
+        r.stdout
+    );
+}
+
+/// Item 11: errors inside `[sim]` and `[openai]` name the dotted key, and every error the value.
+#[test]
+fn configuration_errors_name_the_dotted_key_and_the_value() {
+    for (toml, want) in [
+        (
+            "[sim]\nseed = \"x\"\n",
+            "dsh: config dsh.toml: key `sim.seed`: invalid type: string \"x\", expected u64\n",
+        ),
+        (
+            "[openai]\nconnect_timeout_ms = true\n",
+            "dsh: config dsh.toml: key `openai.connect_timeout_ms`: invalid type: boolean `true`, expected u64\n",
+        ),
+        (
+            "max_tokens = 0\n",
+            "dsh: config dsh.toml: key `max_tokens`: expected a positive integer, got integer 0\n",
+        ),
+    ] {
+        let sb = Sandbox::new();
+        sb.write("dsh.toml", toml);
+        let r = sb.run(&["sessions"]);
+        assert_eq!((r.code, r.stderr.as_str()), (Some(64), want), "{toml}");
+    }
+}
+
+/// Item 12: a bad command line is one `dsh:` line with a hint, exit 2.
+#[test]
+fn argument_errors_are_one_line_with_a_hint() {
+    let sb = Sandbox::new();
+    for (args, want) in [
+        (
+            vec!["run"],
+            "dsh: the following required arguments were not provided: <PROMPT> (see dsh run --help)",
+        ),
+        (
+            vec!["run", "--bogus", "hi"],
+            "dsh: unexpected argument '--bogus' found; tip: to pass '--bogus' as a value, use '-- --bogus' (see dsh run --help)",
+        ),
+        (
+            vec!["run", "--max-tokens", "0", "hi"],
+            "dsh: invalid value '0' for '--max-tokens <N>': 0 is not in 1..18446744073709551615 (see dsh run --help)",
+        ),
+        (
+            vec!["frobnicate"],
+            "dsh: unrecognized subcommand 'frobnicate' (see dsh --help)",
+        ),
+        (vec![], "dsh: a subcommand is required (see dsh --help)"),
+    ] {
+        let r = sb.run(&args);
+        assert_eq!(r.code, Some(2), "{args:?}: {r:#?}");
+        assert_eq!(r.stderr, format!("{want}\n"), "{args:?}");
+        assert_eq!(r.stdout, "");
+    }
+    let help = sb.run(&["run", "--help"]);
+    assert_eq!(help.code, Some(0));
+    assert!(help.stdout.contains("Usage: dsh run"), "{help:#?}");
+}
+
+/// Item 15: SIGKILL of `dsh` used to leave the shell command running to finish its side effects.
+#[test]
+fn shell_commands_die_with_dsh() {
+    use rustix::process::{Pid, WaitOptions};
+    // Orphans of this test process are re-parented to it, so it can wait for them.
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).expect("subreaper");
+    let sb = Sandbox::new();
+    let pid_fifo = sb.path().join("pid");
+    mkfifo(&pid_fifo);
+    // The write blocks until this test reads, so the command is known to run when `$$` arrives.
+    let command = "echo $$ > pid; sleep 30; touch marker";
+    let script = one_call(
+        &sb,
+        "shell",
+        serde_json::json!({"command": command}),
+        "slept",
+    );
+    let mut child = sb
+        .command(&[
+            "run",
+            "--shell",
+            "--script",
+            script.to_str().expect("utf-8"),
+            "go",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("dsh runs");
+    // If the command never starts, the guard opens the FIFO for writing: the read then ends empty.
+    let unblock = pid_fifo.clone();
+    let guard = Watchdog::arm(move || {
+        let _ = std::fs::OpenOptions::new().write(true).open(unblock);
+    });
+    let text = std::fs::read_to_string(&pid_fifo).expect("read the pid");
+    assert!(!guard.disarm(), "the command never started");
+    let sh: i32 = text.trim().parse().expect("a pid");
+    // The group's id: field 5 of /proc/PID/stat (after the parenthesised command name).
+    let stat = std::fs::read_to_string(format!("/proc/{sh}/stat")).expect("sh runs");
+    let pgid: i32 = stat
+        .rsplit_once(") ")
+        .and_then(|(_, rest)| rest.split(' ').nth(2))
+        .and_then(|f| f.parse().ok())
+        .expect("a process group id");
+    child.kill().expect("SIGKILL dsh");
+    child.wait().expect("reap dsh");
+    // Every process of the command's group is now this process's child: wait for each to end.
+    // None may end by exiting: each must have been killed (a hang guard kills what is left, and
+    // then the test fails).
+    let group = Pid::from_raw(pgid).expect("a pid");
+    let guard = Watchdog::arm(move || {
+        let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+    });
+    let mut reaped = Vec::new();
+    loop {
+        match rustix::process::waitpgid(group, WaitOptions::empty()) {
+            Ok(Some((pid, status))) => reaped.push((pid.as_raw_nonzero().get(), status)),
+            Ok(None) => {}
+            Err(rustix::io::Errno::CHILD) => break,
+            Err(e) => panic!("waitpgid: {e}"),
+        }
+    }
+    assert!(
+        !guard.disarm(),
+        "the command's group outlived dsh: {reaped:?}"
+    );
+    assert!(reaped.iter().any(|(pid, _)| *pid == sh), "{reaped:?}");
+    for (pid, status) in &reaped {
+        assert!(
+            status.terminating_signal().is_some(),
+            "{pid} was not killed: {status:?} (sh {sh}, all {reaped:?})"
+        );
+    }
+    assert!(!sb.path().join("marker").exists());
+}
+
+/// Item 16: each retry is announced on stderr, and the whole sequence is bounded.
+#[test]
+fn retries_are_announced_and_bounded() {
+    let sb = Sandbox::new();
+    let script = sb.script(
+        "s.json",
+        serde_json::json!([
+            {"error": {"code": "TIMEOUT", "message": "no bytes for 300 s"}},
+            {"text": "recovered"}
+        ]),
+    );
+    let script = script.to_str().expect("utf-8");
+    let r = sb.run(&["run", "--session", "r1", "--script", script, "hi"]);
+    assert_eq!(
+        (r.code, r.stdout.as_str()),
+        (Some(0), "recovered\n"),
+        "{r:#?}"
+    );
+    let line = r
+        .stderr
+        .lines()
+        .find(|l| l.contains("retrying"))
+        .unwrap_or("");
+    assert!(
+        line.starts_with("dsh: retrying in 0.")
+            && line.ends_with(" s after TIMEOUT (attempt 2 of 6)"),
+        "{r:#?}"
+    );
+
+    let r = sb.run(&[
+        "run",
+        "--session",
+        "r2",
+        "--retry-timeout-ms",
+        "1",
+        "--script",
+        script,
+        "hi",
+    ]);
+    assert_eq!(r.code, Some(2), "{r:#?}");
+    assert!(
+        r.stderr.contains("dsh: not retrying TIMEOUT: the retries of this request have taken 0 s (limit 0 s; retry_timeout_ms in dsh.toml)"),
+        "{r:#?}"
+    );
+    assert!(
+        r.stderr
+            .contains("dsh: the turn failed: TIMEOUT no bytes for 300 s"),
+        "{r:#?}"
+    );
+    assert_eq!(turn_end_kinds(&sb.events("r2")), ["error"]);
+    assert!(of_type(&sb.events("r2"), "llm/retry").is_empty());
 }

@@ -36,37 +36,82 @@ const SAFE_INTEGER_MAX: u64 = (1 << 53) - 1;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RetryPolicyError {
+    /// The policy, or its `backoff`, is not a JSON object.
     #[error("retry policy {what} must be a JSON object, got {shown}")]
-    NotAnObject { what: &'static str, shown: String },
+    NotAnObject {
+        /// Which part: `configuration` or `backoff`.
+        what: &'static str,
+        /// The value as given (shortened).
+        shown: String,
+    },
+    /// A key the policy format does not have.
     #[error("retry policy {what} has unknown key {key:?}")]
-    UnknownKey { what: &'static str, key: String },
+    UnknownKey {
+        /// Which part: `configuration` or `backoff`.
+        what: &'static str,
+        /// The unknown key.
+        key: String,
+    },
+    /// `mode` is neither `normal` nor `always`.
     #[error("retry policy mode must be \"normal\" or \"always\", got {shown}")]
-    BadMode { shown: String },
+    BadMode {
+        /// The value as given.
+        shown: String,
+    },
+    /// `maxRetries` is not a non-negative safe integer.
     #[error("retry policy maxRetries must be a non-negative safe integer, got {shown}")]
-    BadMaxRetries { shown: String },
+    BadMaxRetries {
+        /// The value as given.
+        shown: String,
+    },
+    /// `retryableCodes` is not a non-empty array.
     #[error("retry policy retryableCodes must be a non-empty array of strings, got {shown}")]
-    BadCodes { shown: String },
+    BadCodes {
+        /// The value as given.
+        shown: String,
+    },
+    /// One entry of `retryableCodes` is not a non-empty string.
     #[error("retry policy retryableCodes[{code_idx}] must be a non-empty string, got {shown}")]
-    BadCode { code_idx: usize, shown: String },
+    BadCode {
+        /// The entry's index.
+        code_idx: usize,
+        /// The entry as given.
+        shown: String,
+    },
+    /// `retryableCodes` lists a code twice.
     #[error("retry policy retryableCodes lists {code:?} twice")]
-    DuplicateCode { code: String },
+    DuplicateCode {
+        /// The repeated code.
+        code: String,
+    },
     #[error(
         "retry policy backoff.{field} must be a positive integer of at most {delay_ms_max} ms, got {shown}"
     )]
+    /// A backoff delay is not a positive integer within `DELAY_MS_MAX`.
     BadDelay {
+        /// `initialDelayMs` or `maxDelayMs`.
         field: &'static str,
+        /// The value as given.
         shown: String,
+        /// The largest delay allowed.
         delay_ms_max: u64,
     },
     #[error(
         "retry policy backoff.initialDelayMs {initial_delay_ms} exceeds backoff.maxDelayMs {max_delay_ms}"
     )]
+    /// The initial delay is above the cap.
     InitialAboveMax {
+        /// `backoff.initialDelayMs`.
         initial_delay_ms: u64,
+        /// `backoff.maxDelayMs`.
         max_delay_ms: u64,
     },
+    /// `backoff.jitterRatio` is not a number in [0, 1].
     #[error("retry policy backoff.jitterRatio must be a number in [0, 1], got {shown}")]
-    BadJitter { shown: String },
+    BadJitter {
+        /// The value as given.
+        shown: String,
+    },
 }
 
 /// Which failures are retried, and how often.
@@ -75,6 +120,7 @@ pub enum RetryMode {
     /// Retry failures whose code is in `retryable_codes`, at most `max_retries` times per chain, and
     /// honour a provider's retry-after only when it fits under `max_delay_ms`.
     Normal {
+        /// Retries per chain at most.
         max_retries: u64,
         /// In configured order; the policy key sorts them.
         retryable_codes: Vec<String>,
@@ -121,7 +167,9 @@ impl Default for Backoff {
 /// delays).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RetryPolicy {
+    /// Which failures are retried, and how often.
     pub mode: RetryMode,
+    /// How long each retry waits.
     pub backoff: Backoff,
 }
 
@@ -159,8 +207,11 @@ pub enum RetryDecision {
     /// Retry number `retry` (1-based within its chain) after `delay_ms`. `retry_id` is the chain's id
     /// when the chain already exists, `None` for a new chain (the caller mints one).
     Schedule {
+        /// The retry's number within its chain, from 1.
         retry: u64,
+        /// The chain's id, `None` for a new chain.
         retry_id: Option<String>,
+        /// The wait before the retry, in milliseconds.
         delay_ms: f64,
     },
 }
@@ -640,6 +691,48 @@ impl RetryHook {
                 },
                 delay_ms,
             }),
+        }
+    }
+}
+
+/// The default bound on the retry sequence of one request (`SequenceBound`): 10 minutes. With the
+/// `openai` provider's 300 s idle timeout and the default 5 retries, an unbounded sequence against a
+/// stalled server waits about 30 minutes before the turn ends.
+pub const DEFAULT_SEQUENCE_MS_MAX: u64 = 600_000;
+
+/// A bound on the whole retry sequence of one request, on top of a policy's own budget: a retry is
+/// scheduled only if it would start within `ms_max` of the sequence's first failure. Each attempt
+/// keeps its own idle timeout, so the last attempt may still run for one timeout past the bound.
+///
+/// Pure: the caller measures the time since the first failure and passes it in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SequenceBound {
+    /// Milliseconds from the sequence's first failure within which a retry may start.
+    pub ms_max: u64,
+}
+
+impl Default for SequenceBound {
+    /// `DEFAULT_SEQUENCE_MS_MAX`.
+    fn default() -> Self {
+        SequenceBound {
+            ms_max: DEFAULT_SEQUENCE_MS_MAX,
+        }
+    }
+}
+
+impl SequenceBound {
+    /// Whether a retry after `delay_ms`, decided `elapsed_ms` after the sequence's first failure,
+    /// starts within the bound.
+    pub fn allows(&self, elapsed_ms: u64, delay_ms: f64) -> bool {
+        (elapsed_ms as f64 + delay_ms.max(0.0)) <= self.ms_max as f64
+    }
+
+    /// `recovery` cut by the bound: a scheduled retry that would start too late becomes `Delegate`
+    /// (the turn ends `error` with the failure).
+    pub fn apply(&self, recovery: Recovery, elapsed_ms: u64) -> Recovery {
+        match recovery {
+            Recovery::Backoff(s) if !self.allows(elapsed_ms, s.delay_ms) => Recovery::Delegate,
+            other => other,
         }
     }
 }
@@ -1316,6 +1409,30 @@ mod tests {
             uuid::Uuid::parse_str(&s.retry_id).map(|u| u.get_version_num()),
             Ok(4)
         );
+    }
+
+    #[test]
+    fn the_sequence_bound_refuses_a_retry_that_would_start_too_late() {
+        let bound = SequenceBound { ms_max: 10_000 };
+        assert_eq!(SequenceBound::default().ms_max, 600_000);
+        assert!(bound.allows(0, 500.0));
+        assert!(bound.allows(9_000, 1_000.0));
+        assert!(!bound.allows(9_001, 1_000.0));
+        assert!(!bound.allows(10_001, 0.0));
+        let c = ctx(
+            "mock",
+            failure(codes::TIMEOUT),
+            Some(RetryPolicy::default()),
+            Vec::new(),
+            0.5,
+        );
+        let recovery = RetryHook::new().recovery(&c, || "r1".into());
+        assert!(matches!(
+            bound.apply(recovery.clone(), 1_000),
+            Recovery::Backoff(_)
+        ));
+        assert_eq!(bound.apply(recovery, 9_999), Recovery::Delegate);
+        assert_eq!(bound.apply(Recovery::Delegate, 0), Recovery::Delegate);
     }
 
     proptest::proptest! {

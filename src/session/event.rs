@@ -87,6 +87,7 @@ pub struct Event {
     pub seq: u64,
     /// Unix epoch milliseconds when the event was appended. Not monotonic (clocks step back).
     pub time: i64,
+    /// The event's type and payload.
     pub data: EventData,
     /// Only ever `true` when present: a reader that does not know the type may skip the event.
     pub ignorable: bool,
@@ -135,8 +136,15 @@ pub struct EventParseError(pub String);
 /// `"append"` or `{"op":"replace","start":S,"end":E}` where S and E are seqs of current surface nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SurfaceOp {
+    /// The event's content is appended to the surface.
     Append,
-    Replace { start: u64, end: u64 },
+    /// The event's content replaces the surface nodes from seq `start` to seq `end`.
+    Replace {
+        /// The seq of the first surface node replaced.
+        start: u64,
+        /// The seq of the last surface node replaced.
+        end: u64,
+    },
 }
 
 impl Serialize for SurfaceOp {
@@ -218,10 +226,16 @@ pub enum EventData {
     /// `session/end-seed` (payload `{}`)
     SessionEndSeed,
     /// Any other type, payload verbatim: a plugin type of the original, or an ignorable unknown one.
-    Other { kind: String, data: Value },
+    Other {
+        /// The event's `type`.
+        kind: String,
+        /// The event's `data`, as written.
+        data: Value,
+    },
 }
 
 impl EventData {
+    /// The event's v0 `type` tag, e.g. `turn/start`.
     pub fn kind(&self) -> &str {
         match self {
             EventData::InboxSpliced(_) => "agent/inbox/spliced",
@@ -258,7 +272,9 @@ impl EventData {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum InboxTarget {
+    /// The queue of prompts that start the next turn.
     NextTurn,
+    /// The queue of steering messages that join the next step of the running turn.
     NextStep,
 }
 
@@ -266,6 +282,7 @@ pub enum InboxTarget {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SpliceOutcome {
+    /// The removed messages were cancelled, not delivered.
     Canceled,
 }
 
@@ -273,7 +290,9 @@ pub enum SpliceOutcome {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InboxSpliced {
+    /// The queue spliced.
     pub target: InboxTarget,
+    /// The position in the queue where the splice starts.
     pub start: u64,
     /// Present only when > 0.
     #[serde(
@@ -282,12 +301,14 @@ pub struct InboxSpliced {
         deserialize_with = "present"
     )]
     pub removed_count: Option<u64>,
+    /// The messages inserted at `start`.
     pub inserted: Vec<Arc<Message>>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
+    /// Why removed messages left the queue; present only for a discard.
     pub outcome: Option<SpliceOutcome>,
 }
 
@@ -295,6 +316,7 @@ pub struct InboxSpliced {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TurnStart {
+    /// The turn's number, from 1.
     pub turn: u64,
 }
 
@@ -302,7 +324,9 @@ pub struct TurnStart {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TurnEnd {
+    /// The number of the turn that ended.
     pub turn: u64,
+    /// Why it ended.
     pub reason: TurnEndReason,
 }
 
@@ -310,13 +334,20 @@ pub struct TurnEnd {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum TurnEndReason {
+    /// The model finished without asking for more tools.
     Completed,
+    /// The model's output hit its token limit.
     MaxTokens,
+    /// A pre-step hook rejected the next step.
     Blocked,
+    /// The turn was cancelled.
     Aborted {
+        /// Who or what cancelled it.
         reason: CancelCause,
     },
+    /// The model call failed and was not retried.
     Error {
+        /// The final failure.
         error: LlmFailure,
     },
     /// Written only by crash repair for a turn left open in the log.
@@ -341,11 +372,16 @@ impl TurnEndReason {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum CancelCause {
+    /// The user cancelled (Ctrl-C, a cancel request).
     User,
+    /// The parent agent cancelled its sub-agent.
     Parent,
+    /// A hook cancelled the turn.
     Hook {
+        /// The hook's reason.
         reason: String,
     },
+    /// The agent was disposed with the turn running.
     Disposed,
     /// Only in logs converted from the original's old `{kind:"aborted"}` shape.
     Legacy,
@@ -355,7 +391,9 @@ pub enum CancelCause {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepRef {
+    /// The turn the step belongs to.
     pub turn: u64,
+    /// The step's number within the turn, from 1.
     pub step: u64,
 }
 
@@ -375,7 +413,9 @@ pub enum HeaderReason {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RequestHeaderEvent {
+    /// The header in force from this request on.
     pub header: RequestHeader,
+    /// Why it was logged.
     pub reason: HeaderReason,
 }
 
@@ -383,13 +423,16 @@ pub struct RequestHeaderEvent {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RequestContext {
+    /// The provider of the route.
     pub provider: String,
+    /// The model of the route.
     pub model: String,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
+    /// The model's context window in tokens, when the provider reports it.
     pub context_window: Option<u64>,
 }
 
@@ -397,8 +440,11 @@ pub struct RequestContext {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AssistantChunk {
+    /// The turn the chunk belongs to.
     pub turn: u64,
+    /// The step the chunk belongs to.
     pub step: u64,
+    /// The chunk as the provider stream delivered it.
     pub chunk: StreamChunk,
 }
 
@@ -406,14 +452,18 @@ pub struct AssistantChunk {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AssistantMessageEvent {
+    /// The turn of the attempt.
     pub turn: u64,
+    /// The step of the attempt.
     pub step: u64,
+    /// The assembled message.
     pub message: Arc<Message>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
+    /// Token usage the provider reported for the attempt, if any.
     pub usage: Option<TokenUsage>,
     /// Only ever `Some(true)`.
     #[serde(
@@ -428,9 +478,13 @@ pub struct AssistantMessageEvent {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ToolCallEvent {
+    /// The turn of the call.
     pub turn: u64,
+    /// The step of the call.
     pub step: u64,
+    /// The call's id, as the model gave it.
     pub call_id: String,
+    /// The tool's name.
     pub name: String,
     /// The raw argument string as the model produced it.
     pub arguments: String,
@@ -440,7 +494,9 @@ pub struct ToolCallEvent {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolErrorInfo {
+    /// The error class, e.g. `AbortError`.
     pub name: String,
+    /// The error code, e.g. `ABORTED`.
     pub code: String,
 }
 
@@ -448,20 +504,25 @@ pub struct ToolErrorInfo {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolResultEvent {
+    /// The turn of the call answered.
     pub turn: u64,
+    /// The step of the call answered.
     pub step: u64,
+    /// The result message (a `tool-result` block answering the call).
     pub message: Arc<Message>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
+    /// The internal failure identity, when the tool failed.
     pub error: Option<ToolErrorInfo>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
+    /// Tool-specific metadata, verbatim.
     pub meta: Option<Value>,
 }
 
@@ -469,13 +530,19 @@ pub struct ToolResultEvent {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LlmRetry {
+    /// Identifies this retry, shared with its `llm/retry-started`.
     pub retry_id: String,
+    /// The turn being retried.
     pub turn: u64,
+    /// The step being retried.
     pub step: u64,
+    /// The provider whose failure is retried.
     pub provider: String,
     /// `normal` or `always`.
     pub mode: String,
+    /// The key of the retry policy applied.
     pub policy_key: String,
+    /// The retry's number, from 1.
     pub retry: u64,
     /// Present in `normal` mode only.
     #[serde(
@@ -486,6 +553,7 @@ pub struct LlmRetry {
     pub max_retries: Option<u64>,
     /// Milliseconds; the original may write fractions.
     pub delay_ms: Number,
+    /// The failure that is retried.
     pub failure: LlmFailure,
 }
 
@@ -493,9 +561,13 @@ pub struct LlmRetry {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LlmRetryStarted {
+    /// The `retry_id` of the `llm/retry` that scheduled this retry.
     pub retry_id: String,
+    /// The turn being retried.
     pub turn: u64,
+    /// The step being retried.
     pub step: u64,
+    /// The retry's number, from 1.
     pub retry: u64,
 }
 
@@ -748,6 +820,7 @@ impl<'de> Deserialize<'de> for Event {
 pub struct SessionHeader {
     /// Always 0 (the v0 format).
     pub version: u32,
+    /// The session's id.
     pub id: SessionId,
     /// Unix epoch milliseconds.
     pub created_at: u64,
@@ -756,32 +829,38 @@ pub struct SessionHeader {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
+    /// The working directory the session runs in (absolute).
     pub cwd: Option<String>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
+    /// The session this one was forked from (its lineage).
     pub parent_session: Option<String>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
+    /// How many leading events were inherited through a fork seed (the durable fork boundary).
     pub seed_length: Option<u64>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
+    /// Only `subagent`, for a delegated session (presentation metadata); absent otherwise.
     pub origin: Option<String>,
     #[serde(default)]
+    /// How deep in a delegation chain the session is: 0 at top level, a child is its parent + 1.
     pub delegation_depth: u64,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
+    /// The agent preset the session was composed from, if any.
     pub agent_preset: Option<String>,
 }
 

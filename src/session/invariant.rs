@@ -17,7 +17,9 @@ use crate::session::repair::TOOL_NOT_STARTED;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invariant violated at seq {seq}: {reason}")]
 pub struct Violation {
+    /// The seq of the event that breaks the rule.
     pub seq: u64,
+    /// The rule, and how it is broken.
     pub reason: String,
 }
 
@@ -34,6 +36,7 @@ pub struct Tracker {
 }
 
 impl Tracker {
+    /// The trace of an empty log: no turn open, turn 1 next.
     pub fn new() -> Tracker {
         Tracker {
             next_turn: 1,
@@ -60,134 +63,149 @@ impl Tracker {
     /// The violation; the trace is unchanged.
     pub fn push(&mut self, event: &Event) -> Result<(), Violation> {
         let seq = event.seq;
-        let fail = |reason: String| Err(Violation { seq, reason });
+        self.advance(event)
+            .map_err(|reason| Violation { seq, reason })?;
+        self.last_seq = Some(seq);
+        Ok(())
+    }
+
+    /// Checks `event` and applies it to the open turn and step (everything but `last_seq`); the
+    /// reason when it breaks a rule, with nothing changed.
+    fn advance(&mut self, event: &Event) -> Result<(), String> {
         if let Some(last) = self.last_seq
-            && seq <= last
+            && event.seq <= last
         {
-            return fail(format!("seq must strictly increase (after {last})"));
+            return Err(format!("seq must strictly increase (after {last})"));
         }
         let kind = event.kind();
-        let names_open_step = |turn: u64, step: u64| -> Result<(), Violation> {
-            match (self.open_turn, self.open_step) {
-                (Some(t), Some(s)) if t == turn && s == step => Ok(()),
-                (Some(t), Some(s)) => Err(Violation {
-                    seq,
-                    reason: format!(
-                        "{kind} names turn {turn}/step {step}, open is turn {t}/step {s}"
-                    ),
-                }),
-                _ => Err(Violation {
-                    seq,
-                    reason: format!("{kind} for turn {turn}/step {step} with no open step"),
-                }),
-            }
-        };
         match &event.data {
-            EventData::TurnStart(t) => {
-                if let Some(open) = self.open_turn {
-                    return fail(format!(
-                        "turn/start {} while turn {open} is still open",
-                        t.turn
-                    ));
-                }
-                if t.turn != self.next_turn {
-                    return fail(format!("expected turn {}, got {}", self.next_turn, t.turn));
-                }
-                self.open_turn = Some(t.turn);
-                self.next_step = 1;
-            }
-            EventData::TurnEnd(t) => {
-                if self.open_turn != Some(t.turn) {
-                    return fail(format!(
-                        "turn/end {} does not match open turn {:?}",
-                        t.turn, self.open_turn
-                    ));
-                }
-                if let Some(step) = self.open_step {
-                    return fail(format!(
-                        "turn/end {} while step {step} is still open",
-                        t.turn
-                    ));
-                }
-                self.open_turn = None;
-                self.next_turn = t.turn + 1;
-            }
-            EventData::StepStart(s) => {
-                if self.open_turn != Some(s.turn) {
-                    return fail(format!(
-                        "step/start for turn {} but open turn is {:?}",
-                        s.turn, self.open_turn
-                    ));
-                }
-                if let Some(open) = self.open_step {
-                    return fail(format!(
-                        "step/start {} while step {open} is still open",
-                        s.step
-                    ));
-                }
-                if s.step != self.next_step {
-                    return fail(format!(
-                        "expected step {} in turn {}, got {}",
-                        self.next_step, s.turn, s.step
-                    ));
-                }
-                self.open_step = Some(s.step);
-            }
+            EventData::TurnStart(t) => self.turn_start(t.turn),
+            EventData::TurnEnd(t) => self.turn_end(t.turn),
+            EventData::StepStart(s) => self.step_start(s.turn, s.step),
             EventData::StepEnd(s) => {
-                names_open_step(s.turn, s.step)?;
+                self.names_open_step(kind, s.turn, s.step)?;
                 self.pending_calls.clear();
                 self.open_step = None;
                 self.next_step = s.step + 1;
+                Ok(())
             }
-            EventData::AssistantChunk(c) => names_open_step(c.turn, c.step)?,
-            EventData::AssistantMessage(a) => names_open_step(a.turn, a.step)?,
-            EventData::LlmRetry(r) => names_open_step(r.turn, r.step)?,
-            EventData::LlmRetryStarted(r) => names_open_step(r.turn, r.step)?,
+            EventData::AssistantChunk(c) => self.names_open_step(kind, c.turn, c.step),
+            EventData::AssistantMessage(a) => self.names_open_step(kind, a.turn, a.step),
+            EventData::LlmRetry(r) => self.names_open_step(kind, r.turn, r.step),
+            EventData::LlmRetryStarted(r) => self.names_open_step(kind, r.turn, r.step),
             EventData::ToolCall(c) => {
-                names_open_step(c.turn, c.step)?;
+                self.names_open_step(kind, c.turn, c.step)?;
                 self.pending_calls.push(c.call_id.clone());
+                Ok(())
             }
-            EventData::ToolResult(r) => match event.surface_op {
-                Some(SurfaceOp::Replace { .. }) => {
-                    if self.open_turn.is_none() {
-                        return fail(
-                            "tool/result surface replacement appended outside any open turn".into(),
-                        );
-                    }
-                }
-                _ => {
-                    names_open_step(r.turn, r.step)?;
-                    let call_id = r.message.source.str_field("callId").unwrap_or("");
-                    let not_started = r.error.as_ref().is_some_and(|e| e.code == TOOL_NOT_STARTED)
-                        && is_error_result(r);
-                    match self.pending_calls.iter().position(|c| c == call_id) {
-                        Some(i) => {
-                            self.pending_calls.remove(i);
-                        }
-                        None if not_started => {}
-                        None => {
-                            return fail(format!(
-                                "tool/result for call {call_id:?} has no prior tool/call in this step"
-                            ));
-                        }
-                    }
-                }
-            },
-            EventData::RequestHeader(_) | EventData::RequestContext(_)
-                if self.open_turn.is_none() =>
-            {
-                return fail(format!(
-                    "{kind} appended outside any open turn (core execution events must be turn-enclosed)"
-                ));
-            }
-            EventData::Other { kind, .. } if kind == "todo/write" && self.open_turn.is_none() => {
-                return fail(format!(
-                    "{kind} appended outside any open turn (core execution events must be turn-enclosed)"
-                ));
-            }
-            _ => {}
+            EventData::ToolResult(r) => self.tool_result(event, r),
+            EventData::RequestHeader(_) | EventData::RequestContext(_) => self.turn_enclosed(kind),
+            EventData::Other { kind, .. } if kind == "todo/write" => self.turn_enclosed(kind),
+            _ => Ok(()),
         }
-        self.last_seq = Some(seq);
+    }
+
+    /// `turn/start`: no turn open, and the number is the next one.
+    fn turn_start(&mut self, turn: u64) -> Result<(), String> {
+        if let Some(open) = self.open_turn {
+            return Err(format!("turn/start {turn} while turn {open} is still open"));
+        }
+        if turn != self.next_turn {
+            return Err(format!("expected turn {}, got {turn}", self.next_turn));
+        }
+        self.open_turn = Some(turn);
+        self.next_step = 1;
+        Ok(())
+    }
+
+    /// `turn/end`: it closes the open turn, whose steps are all closed.
+    fn turn_end(&mut self, turn: u64) -> Result<(), String> {
+        if self.open_turn != Some(turn) {
+            return Err(format!(
+                "turn/end {turn} does not match open turn {:?}",
+                self.open_turn
+            ));
+        }
+        if let Some(step) = self.open_step {
+            return Err(format!("turn/end {turn} while step {step} is still open"));
+        }
+        self.open_turn = None;
+        self.next_turn = turn + 1;
+        Ok(())
+    }
+
+    /// `step/start`: inside the open turn, no step open, and the number is the next one.
+    fn step_start(&mut self, turn: u64, step: u64) -> Result<(), String> {
+        if self.open_turn != Some(turn) {
+            return Err(format!(
+                "step/start for turn {turn} but open turn is {:?}",
+                self.open_turn
+            ));
+        }
+        if let Some(open) = self.open_step {
+            return Err(format!("step/start {step} while step {open} is still open"));
+        }
+        if step != self.next_step {
+            return Err(format!(
+                "expected step {} in turn {turn}, got {step}",
+                self.next_step
+            ));
+        }
+        self.open_step = Some(step);
+        Ok(())
+    }
+
+    /// A `tool/result`: a surface replacement needs an open turn; an appended result names the open
+    /// step and answers a call logged in it (or is a `TOOL_NOT_STARTED` repair result).
+    fn tool_result(
+        &mut self,
+        event: &Event,
+        r: &crate::session::event::ToolResultEvent,
+    ) -> Result<(), String> {
+        if let Some(SurfaceOp::Replace { .. }) = event.surface_op {
+            if self.open_turn.is_none() {
+                return Err(
+                    "tool/result surface replacement appended outside any open turn".to_string(),
+                );
+            }
+            return Ok(());
+        }
+        self.names_open_step(event.kind(), r.turn, r.step)?;
+        let call_id = r.message.source.str_field("callId").unwrap_or("");
+        let not_started =
+            r.error.as_ref().is_some_and(|e| e.code == TOOL_NOT_STARTED) && is_error_result(r);
+        match self.pending_calls.iter().position(|c| c == call_id) {
+            Some(i) => {
+                self.pending_calls.remove(i);
+                Ok(())
+            }
+            None if not_started => Ok(()),
+            None => Err(format!(
+                "tool/result for call {call_id:?} has no prior tool/call in this step"
+            )),
+        }
+    }
+
+    /// An event of `kind` for `turn`/`step` names the open step.
+    fn names_open_step(&self, kind: &str, turn: u64, step: u64) -> Result<(), String> {
+        match (self.open_turn, self.open_step) {
+            (Some(t), Some(s)) if t == turn && s == step => Ok(()),
+            (Some(t), Some(s)) => Err(format!(
+                "{kind} names turn {turn}/step {step}, open is turn {t}/step {s}"
+            )),
+            _ => Err(format!(
+                "{kind} for turn {turn}/step {step} with no open step"
+            )),
+        }
+    }
+
+    /// A core execution event of `kind` lies inside a turn.
+    fn turn_enclosed(&self, kind: &str) -> Result<(), String> {
+        if self.open_turn.is_none() {
+            return Err(format!(
+                "{kind} appended outside any open turn (core execution events must be turn-enclosed)"
+            ));
+        }
         Ok(())
     }
 }

@@ -15,8 +15,11 @@ use crate::session::surface::{Surface, SurfaceChange};
 /// An event not yet in a log: everything but `seq` and `time`, which `Session::append` assigns.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EventDraft {
+    /// The event's type and payload.
     pub data: EventData,
+    /// The seqs of the events this one is derived from (`sourceEventSeqs`).
     pub source_event_seqs: Option<Vec<u64>>,
+    /// How the event changes the surface, for a surface-eligible event.
     pub surface_op: Option<SurfaceOp>,
 }
 
@@ -44,20 +47,56 @@ impl EventDraft {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AppendError {
+    /// A surface-eligible event came without its `surfaceOp`.
     #[error("event {kind:?} is surface-eligible and requires a surfaceOp marker")]
-    MissingSurfaceOp { kind: String },
+    MissingSurfaceOp {
+        /// The event's type.
+        kind: String,
+    },
+    /// A log-only event carried surface metadata.
     #[error("event {kind:?} is not surface-eligible and cannot carry {field}")]
-    NotSurfaceEligible { kind: String, field: &'static str },
+    NotSurfaceEligible {
+        /// The event's type.
+        kind: String,
+        /// The field it must not carry (`surfaceOp` or `sourceEventSeqs`).
+        field: &'static str,
+    },
+    /// `sourceEventSeqs` does not name earlier events properly.
     #[error("sourceEventSeqs {reason}")]
-    BadSources { reason: String },
+    BadSources {
+        /// What is wrong with them.
+        reason: String,
+    },
+    /// A surface replacement names a range that is not current surface nodes.
     #[error("surface replace: {reason}")]
-    BadReplace { reason: String },
+    BadReplace {
+        /// What is wrong with the range.
+        reason: String,
+    },
+    /// The payload breaks a rule of its type.
     #[error("event {kind:?} has an invalid payload: {reason}")]
-    BadPayload { kind: String, reason: String },
+    BadPayload {
+        /// The event's type.
+        kind: String,
+        /// The rule it breaks.
+        reason: String,
+    },
+    /// The event's seq is not the next one of the log.
     #[error("session event seq {seq} is not contiguous; expected {expected}")]
-    NotContiguous { seq: u64, expected: u64 },
+    NotContiguous {
+        /// The seq the event carries.
+        seq: u64,
+        /// The seq the log expects next.
+        expected: u64,
+    },
+    /// The event's JSON is over `Limits::event_bytes_max`.
     #[error("event is {bytes} bytes, the limit is {bytes_max}")]
-    TooLarge { bytes: usize, bytes_max: usize },
+    TooLarge {
+        /// The event's JSON size.
+        bytes: usize,
+        /// The limit.
+        bytes_max: usize,
+    },
 }
 
 /// One agent's log in memory with its incremental folds.
@@ -113,10 +152,12 @@ impl Session {
         Ok(session)
     }
 
+    /// The session's id.
     pub fn id(&self) -> &SessionId {
         &self.id
     }
 
+    /// The whole log, in seq order.
     pub fn events(&self) -> &[Event] {
         &self.events
     }

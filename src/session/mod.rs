@@ -17,7 +17,6 @@
 pub mod consumed;
 pub mod event;
 pub mod invariant;
-pub mod legacy;
 pub mod log;
 pub mod repair;
 pub mod store;

@@ -57,104 +57,18 @@ fn closer_message_id(call_id: &str, seq: u64) -> MessageId {
 /// The synthetic events that close an open tail turn, with seqs continuing the log and `time` copied
 /// from the last event; empty for a balanced or empty log.
 pub fn interrupted_turn_closers(events: &[Event]) -> Vec<Event> {
-    let mut open_turn: Option<u64> = None;
-    let mut open_step: Option<u64> = None;
-    // Insertion-ordered: the transcript order of the calls.
-    let mut pending: Vec<Pending> = Vec::new();
-    for event in events {
-        match &event.data {
-            EventData::TurnStart(t) => {
-                open_turn = Some(t.turn);
-                open_step = None;
-                pending.clear();
-            }
-            EventData::TurnEnd(_) => {
-                open_turn = None;
-                open_step = None;
-                pending.clear();
-            }
-            EventData::StepStart(s) => open_step = Some(s.step),
-            EventData::StepEnd(_) => {
-                pending.clear();
-                open_step = None;
-            }
-            EventData::AssistantMessage(a) => {
-                for call in a.message.tool_calls() {
-                    if let Some(p) = pending.iter_mut().find(|p| p.call_id == call.id) {
-                        p.step = a.step;
-                    } else {
-                        pending.push(Pending {
-                            call_id: call.id.to_string(),
-                            step: a.step,
-                            call_seq: None,
-                        });
-                    }
-                }
-            }
-            EventData::ToolCall(c) => {
-                if let Some(p) = pending.iter_mut().find(|p| p.call_id == c.call_id) {
-                    p.call_seq = Some(event.seq);
-                }
-            }
-            EventData::ToolResult(r) => {
-                if let Some(call_id) = r.message.source.str_field("callId") {
-                    pending.retain(|p| p.call_id != call_id);
-                }
-            }
-            _ => {}
-        }
-    }
-    let (Some(turn), Some(last)) = (open_turn, events.last()) else {
+    let tail = open_tail(events);
+    let (Some(turn), Some(last)) = (tail.turn, events.last()) else {
         return Vec::new();
     };
     let time = last.time;
     let mut seq = last.seq + 1;
     let mut out = Vec::new();
-    for p in pending {
-        let (name, code, text, sources) = match p.call_seq {
-            Some(call_seq) => (
-                "ToolOutcomeUnknownError",
-                TOOL_OUTCOME_UNKNOWN,
-                OUTCOME_UNKNOWN_TEXT,
-                Some(vec![call_seq]),
-            ),
-            None => (
-                "ToolNotStartedError",
-                TOOL_NOT_STARTED,
-                NOT_STARTED_TEXT,
-                None,
-            ),
-        };
-        let message = Message {
-            id: closer_message_id(&p.call_id, seq),
-            role: Role::User,
-            content: vec![ContentBlock::ToolResult {
-                tool_call_id: p.call_id.clone(),
-                content: vec![ContentBlock::text(text)],
-                is_error: Some(true),
-            }],
-            source: MessageSource::tool(&p.call_id),
-        };
-        out.push(Event {
-            seq,
-            time,
-            data: EventData::ToolResult(Box::new(ToolResultEvent {
-                turn,
-                step: p.step,
-                message: Arc::new(message),
-                error: Some(ToolErrorInfo {
-                    name: name.into(),
-                    code: code.into(),
-                }),
-                meta: None,
-            })),
-            ignorable: false,
-            source_event_seqs: sources,
-            surface_op: Some(SurfaceOp::Append),
-        });
+    for p in &tail.pending {
+        out.push(tool_result_closer(p, turn, seq, time));
         seq += 1;
     }
-    if let Some(step) = open_step {
+    if let Some(step) = tail.step {
         out.push(Event {
             seq,
             time,
@@ -177,6 +91,114 @@ pub fn interrupted_turn_closers(events: &[Event]) -> Vec<Event> {
         surface_op: None,
     });
     out
+}
+
+/// Where a log leaves off: its open turn and step, and the tool calls of the open step still
+/// unanswered.
+struct OpenTail {
+    turn: Option<u64>,
+    step: Option<u64>,
+    /// Insertion-ordered: the transcript order of the calls.
+    pending: Vec<Pending>,
+}
+
+/// Folds a log into its `OpenTail`.
+fn open_tail(events: &[Event]) -> OpenTail {
+    let mut tail = OpenTail {
+        turn: None,
+        step: None,
+        pending: Vec::new(),
+    };
+    for event in events {
+        match &event.data {
+            EventData::TurnStart(t) => {
+                tail.turn = Some(t.turn);
+                tail.step = None;
+                tail.pending.clear();
+            }
+            EventData::TurnEnd(_) => {
+                tail.turn = None;
+                tail.step = None;
+                tail.pending.clear();
+            }
+            EventData::StepStart(s) => tail.step = Some(s.step),
+            EventData::StepEnd(_) => {
+                tail.pending.clear();
+                tail.step = None;
+            }
+            EventData::AssistantMessage(a) => {
+                for call in a.message.tool_calls() {
+                    if let Some(p) = tail.pending.iter_mut().find(|p| p.call_id == call.id) {
+                        p.step = a.step;
+                    } else {
+                        tail.pending.push(Pending {
+                            call_id: call.id.to_string(),
+                            step: a.step,
+                            call_seq: None,
+                        });
+                    }
+                }
+            }
+            EventData::ToolCall(c) => {
+                if let Some(p) = tail.pending.iter_mut().find(|p| p.call_id == c.call_id) {
+                    p.call_seq = Some(event.seq);
+                }
+            }
+            EventData::ToolResult(r) => {
+                if let Some(call_id) = r.message.source.str_field("callId") {
+                    tail.pending.retain(|p| p.call_id != call_id);
+                }
+            }
+            _ => {}
+        }
+    }
+    tail
+}
+
+/// The error `tool/result` at `seq` that answers an unanswered call of turn `turn`:
+/// `TOOL_OUTCOME_UNKNOWN` when the call was recorded as started, `TOOL_NOT_STARTED` when not.
+fn tool_result_closer(p: &Pending, turn: u64, seq: u64, time: i64) -> Event {
+    let (name, code, text, sources) = match p.call_seq {
+        Some(call_seq) => (
+            "ToolOutcomeUnknownError",
+            TOOL_OUTCOME_UNKNOWN,
+            OUTCOME_UNKNOWN_TEXT,
+            Some(vec![call_seq]),
+        ),
+        None => (
+            "ToolNotStartedError",
+            TOOL_NOT_STARTED,
+            NOT_STARTED_TEXT,
+            None,
+        ),
+    };
+    let message = Message {
+        id: closer_message_id(&p.call_id, seq),
+        role: Role::User,
+        content: vec![ContentBlock::ToolResult {
+            tool_call_id: p.call_id.clone(),
+            content: vec![ContentBlock::text(text)],
+            is_error: Some(true),
+        }],
+        source: MessageSource::tool(&p.call_id),
+    };
+    Event {
+        seq,
+        time,
+        data: EventData::ToolResult(Box::new(ToolResultEvent {
+            turn,
+            step: p.step,
+            message: Arc::new(message),
+            error: Some(ToolErrorInfo {
+                name: name.into(),
+                code: code.into(),
+            }),
+            meta: None,
+        })),
+        ignorable: false,
+        source_event_seqs: sources,
+        surface_op: Some(SurfaceOp::Append),
+    }
 }
 
 #[cfg(test)]

@@ -31,14 +31,22 @@ pub enum SurfaceChange {
     /// Push the seq at the tail.
     Append,
     /// Replace `nodes[start_idx..=end_idx]` with the seq.
-    Replace { start_idx: usize, end_idx: usize },
+    Replace {
+        /// The index in `nodes` of the first node replaced.
+        start_idx: usize,
+        /// The index in `nodes` of the last node replaced.
+        end_idx: usize,
+    },
 }
 
 /// One replacement found by `fold_surface`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Replacement {
+    /// The seq of the replacing event.
     pub seq: u64,
+    /// The seq of the first node it replaced.
     pub start: u64,
+    /// The seq of the last node it replaced.
     pub end: u64,
     /// The shadowed nodes, in surface order.
     pub shadowed_seqs: Vec<u64>,
@@ -47,7 +55,9 @@ pub struct Replacement {
 /// The offline fold of a complete log.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FoldedSurface {
+    /// The seqs of the surface nodes at the end of the log, in surface order.
     pub nodes: Vec<u64>,
+    /// Every replacement, in log order.
     pub replacements: Vec<Replacement>,
 }
 

@@ -12,7 +12,7 @@ use dsh::tools::{ExecutionMode, Tool, ToolArgs, ToolInvocation, ToolOutput};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::tools::{Root, ToolFailure, args_object, no_other_keys, opt_str};
+use crate::tools::{Root, ToolFailure, args_object, blocking, no_other_keys, opt_str};
 
 /// Entries shown by one call.
 pub const ENTRIES_MAX: usize = 1_000;
@@ -28,6 +28,7 @@ pub struct ListDirTool {
 }
 
 impl ListDirTool {
+    /// The tool over `root`.
     pub fn new(root: Arc<Root>) -> ListDirTool {
         ListDirTool { root }
     }
@@ -110,7 +111,7 @@ impl Tool for ListDirTool {
         ExecutionMode::Parallel
     }
 
-    async fn execute(&self, call: ToolInvocation, _cancel: CancellationToken) -> ToolOutput {
+    async fn execute(&self, call: ToolInvocation, cancel: CancellationToken) -> ToolOutput {
         let requested = match args_object(&call.arguments).and_then(|map| {
             no_other_keys(map, &["path"])?;
             Ok(opt_str(map, "path")?.unwrap_or(".").to_string())
@@ -120,10 +121,7 @@ impl Tool for ListDirTool {
         };
         let root = Arc::clone(&self.root);
         let shown_path = requested.clone();
-        let listed = match tokio::task::spawn_blocking(move || list(&root, &requested)).await {
-            Ok(r) => r,
-            Err(e) => Err(ToolFailure::new("IO", format!("the listing failed: {e}"))),
-        };
+        let listed = blocking(&cancel, move || list(&root, &requested)).await;
         match listed {
             Err(f) => f.into_output(NAME),
             Ok(listing) => render(&shown_path, listing),

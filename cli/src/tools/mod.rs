@@ -23,6 +23,7 @@ use cap_std::fs::Dir;
 use dsh::session::event::ToolErrorInfo;
 use dsh::tools::{ToolArgs, ToolOutput, ToolRegistry};
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 pub use list_dir::ListDirTool;
 pub use read_file::ReadFileTool;
@@ -33,7 +34,13 @@ pub use shell::{ShellConfig, ShellTool};
 #[non_exhaustive]
 pub enum ToolsError {
     #[error("cannot open the working directory {path}: {cause}")]
-    Root { path: PathBuf, cause: String },
+    /// The working directory could not be opened.
+    Root {
+        /// The directory.
+        path: PathBuf,
+        /// The operating system's reason.
+        cause: String,
+    },
 }
 
 /// The working directory as the file tools see it: a capability handle plus the root's canonical
@@ -226,6 +233,23 @@ fn json_kind(v: &Value) -> &'static str {
     }
 }
 
+/// Runs blocking file work on tokio's blocking pool and waits for it, unless the call is cancelled
+/// first: then the call ends at once with `CANCELLED` and the work is left to finish on its own (it
+/// can no longer hold up the turn, and `dsh` does not wait for it at exit).
+pub(crate) async fn blocking<T: Send + 'static>(
+    cancel: &CancellationToken,
+    work: impl FnOnce() -> Result<T, ToolFailure> + Send + 'static,
+) -> Result<T, ToolFailure> {
+    let task = tokio::task::spawn_blocking(work);
+    tokio::select! {
+        joined = task => match joined {
+            Ok(result) => result,
+            Err(e) => Err(ToolFailure::new("IO", format!("the file operation failed: {e}"))),
+        },
+        () = cancel.cancelled() => Err(ToolFailure::new("CANCELLED", "the call was cancelled")),
+    }
+}
+
 /// `s` cut to at most `bytes_max` bytes on a character boundary.
 pub(crate) fn cut_utf8(s: &str, bytes_max: usize) -> &str {
     if s.len() <= bytes_max {
@@ -260,6 +284,21 @@ mod tests {
             root.relative("/etc/passwd").map_err(|f| f.code),
             Err("OUTSIDE_ROOT")
         );
+    }
+
+    /// A file operation that never returns (a read of a FIFO on the old code) cannot hold up a
+    /// cancelled call.
+    #[tokio::test]
+    async fn cancellation_ends_a_blocked_file_operation() {
+        let cancel = CancellationToken::new();
+        let (release, blocked) = std::sync::mpsc::channel::<()>();
+        let call = blocking(&cancel, move || {
+            let _ = blocked.recv();
+            Ok(())
+        });
+        cancel.cancel();
+        assert_eq!(call.await.map_err(|f| f.code), Err("CANCELLED"));
+        drop(release);
     }
 
     #[test]

@@ -13,7 +13,10 @@ use dsh::tools::{ExecutionMode, Tool, ToolArgs, ToolInvocation, ToolOutput};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::tools::{Root, ToolFailure, args_object, no_other_keys, opt_str, opt_u64};
+use cap_std::fs::{OpenOptions, OpenOptionsExt};
+use rustix::fs::OFlags;
+
+use crate::tools::{Root, ToolFailure, args_object, blocking, no_other_keys, opt_str, opt_u64};
 
 /// Lines returned when the call names no `limit`, and the most it may name.
 pub const LINES_MAX: u64 = 2_000;
@@ -33,6 +36,7 @@ pub struct ReadFileTool {
 }
 
 impl ReadFileTool {
+    /// The tool over `root`.
     pub fn new(root: Arc<Root>) -> ReadFileTool {
         ReadFileTool { root }
     }
@@ -89,10 +93,29 @@ fn read_window(root: &Root, req: &Request) -> Result<Window, ToolFailure> {
             format!("{}: is a directory (use list_dir)", req.path),
         ));
     }
+    // Non-blocking, so opening a FIFO returns at once instead of waiting for a writer; only a
+    // regular file (checked on the opened handle, so nothing can be swapped in between) is read.
+    let mut options = OpenOptions::new();
+    options
+        .read(true)
+        .custom_flags((OFlags::NONBLOCK | OFlags::NOCTTY).bits() as i32);
     let file = root
         .dir
-        .open(&rel)
+        .open_with(&rel, &options)
         .map_err(|e| ToolFailure::io(&req.path, &e))?;
+    let kind = file
+        .metadata()
+        .map_err(|e| ToolFailure::io(&req.path, &e))?
+        .file_type();
+    if !kind.is_file() {
+        return Err(ToolFailure::new(
+            "NOT_A_FILE",
+            format!(
+                "{}: is not a regular file (a FIFO, socket or device); only regular files are read",
+                req.path
+            ),
+        ));
+    }
     let mut reader = BufReader::with_capacity(SNIFF_BYTES, file);
     let head = reader
         .fill_buf()
@@ -209,38 +232,26 @@ impl Tool for ReadFileTool {
         ExecutionMode::Parallel
     }
 
-    async fn execute(&self, call: ToolInvocation, _cancel: CancellationToken) -> ToolOutput {
+    async fn execute(&self, call: ToolInvocation, cancel: CancellationToken) -> ToolOutput {
         let req = match parse(&call.arguments) {
             Ok(r) => r,
             Err(f) => return f.into_output(NAME),
         };
         let root = Arc::clone(&self.root);
-        let joined = tokio::task::spawn_blocking(move || {
-            let window = read_window(&root, &req);
-            (req, window)
-        })
-        .await;
-        let (req, window) = match joined {
-            Ok(pair) => pair,
-            Err(e) => {
-                return ToolFailure::new("IO", format!("the read failed: {e}")).into_output(NAME);
-            }
-        };
-        match window {
+        let path = req.path.clone();
+        let offset = req.offset;
+        match blocking(&cancel, move || read_window(&root, &req)).await {
             Err(f) => f.into_output(NAME),
-            Ok(w) => render(&req, w),
+            Ok(w) => render(&path, offset, w),
         }
     }
 }
 
-fn render(req: &Request, w: Window) -> ToolOutput {
+fn render(path: &str, offset: u64, w: Window) -> ToolOutput {
     let (text, meta) = match w.shown {
         None => (
-            format!(
-                "[{}: no line {} (the file is shorter)]",
-                req.path, req.offset
-            ),
-            json!({"path": req.path, "lines": 0}),
+            format!("[{path}: no line {offset} (the file is shorter)]"),
+            json!({"path": path, "lines": 0}),
         ),
         Some((first, last)) => {
             let mut text = w.text;
@@ -251,7 +262,7 @@ fn render(req: &Request, w: Window) -> ToolOutput {
                 ));
             }
             let meta =
-                json!({"path": req.path, "first_line": first, "last_line": last, "more": w.more});
+                json!({"path": path, "first_line": first, "last_line": last, "more": w.more});
             (text, meta)
         }
     };

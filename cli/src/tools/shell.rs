@@ -2,10 +2,17 @@
 //! unless the user enables it (`--shell`, or `shell = true` in `dsh.toml`), because a shell can do
 //! anything the user can.
 //!
-//! The command runs in its own process group with stdin closed and the API-key variables removed from
+//! The command runs in a process group of its own with stdin closed and the API-key variables removed from
 //! its environment (the model must not be able to print the key). When the command exits, times out
 //! or the turn is cancelled, the whole group is killed, so a background child cannot hold the output
-//! pipes open or outlive the call. Each output stream keeps at most `output_bytes_max` bytes; the rest
+//! pipes open or outlive the call. If `dsh` itself dies (even by SIGKILL), `sh` gets a parent-death
+//! signal and the watcher that leads the group kills the rest of it (`die_with_parent`, `Watched`).
+//!
+//! What cannot be contained: a process that leaves the group (`setsid`, `setpgid`) escapes every
+//! group kill, on a timeout as on `dsh`'s death; so does one that double-forks out of the group. Only
+//! a PID namespace or a cgroup would hold those, and `dsh` sets up neither.
+//!
+//! Each output stream keeps at most `output_bytes_max` bytes; the rest
 //! is read and counted, never stored, so a chatty command cannot exhaust memory or block on a full pipe.
 
 use std::path::PathBuf;
@@ -55,6 +62,7 @@ pub struct ShellTool {
 }
 
 impl ShellTool {
+    /// The tool, running commands in `cwd`.
     pub fn new(cwd: PathBuf, config: ShellConfig) -> ShellTool {
         ShellTool { cwd, config }
     }
@@ -113,7 +121,70 @@ async fn capture(stream: Option<impl AsyncRead + Unpin>, bytes_max: usize) -> Ca
     }
 }
 
-/// Kills the command's whole process group (it leads its own, see `process_group(0)`).
+/// Makes the command's `sh` die with `dsh`: a parent-death signal (SIGKILL) set in the child before
+/// `exec`. The signal fires when the thread that spawned the child exits; the spawn happens on a
+/// tokio worker thread, which lives until the runtime shuts down, so in practice: when `dsh` exits.
+fn die_with_parent(cmd: &mut tokio::process::Command) {
+    let parent = rustix::process::getpid();
+    // SAFETY: the closure runs in the forked child before `exec` and only makes two system calls
+    // through rustix (`prctl`, `getppid`), which are async-signal-safe: no allocation, no lock, no
+    // access to state another thread could hold. Its error is built from a raw errno (no
+    // allocation either).
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                .map_err(|e| std::io::Error::from_raw_os_error(e.raw_os_error()))?;
+            // `dsh` may have died between the fork and the prctl: then the signal never comes.
+            if rustix::process::getppid() != Some(parent) {
+                return Err(std::io::Error::from_raw_os_error(
+                    rustix::io::Errno::SRCH.raw_os_error(),
+                ));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// The process group a command runs in, led by a watcher that kills the group when `dsh` dies (the
+/// parent-death signal reaches only `sh`, not what it starts). The watcher reads a pipe whose only
+/// writer is `lifeline`, held by `dsh`: when `dsh` exits, however it exits, the kernel closes it,
+/// the read ends and the watcher runs `kill -KILL 0`. The watcher starts first, so there is no
+/// moment when the command runs unwatched.
+struct Watched {
+    /// The group's id (the watcher's pid).
+    pgid: u32,
+    watcher: tokio::process::Child,
+    lifeline: std::io::PipeWriter,
+}
+
+impl Watched {
+    /// Starts the watcher in a new process group. `None` when it cannot start (out of processes,
+    /// no pipe); the command then leads its own group, unwatched.
+    fn start() -> Option<Watched> {
+        let (reader, lifeline) = std::io::pipe().ok()?;
+        let watcher = tokio::process::Command::new("sh")
+            .args(["-c", "read -r _; kill -KILL 0"])
+            .stdin(Stdio::from(reader))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .ok()?;
+        Some(Watched {
+            pgid: watcher.id()?,
+            watcher,
+            lifeline,
+        })
+    }
+
+    /// Ends the watcher with the rest of the group (already killed) and reaps it.
+    async fn finish(mut self) {
+        drop(self.lifeline);
+        let _ = self.watcher.wait().await;
+    }
+}
+
+/// Kills the command's whole process group (led by its watcher, or by `sh` when it has none).
 fn kill_group(pid: Option<u32>) {
     let Some(pid) = pid
         .and_then(|p| i32::try_from(p).ok())
@@ -165,19 +236,31 @@ impl Tool for ShellTool {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .process_group(0)
             .kill_on_drop(true);
+        let watched = Watched::start();
+        // i32::try_from cannot fail for a pid; 0 (a group of its own) is the unwatched fallback.
+        cmd.process_group(
+            watched
+                .as_ref()
+                .and_then(|w| i32::try_from(w.pgid).ok())
+                .unwrap_or(0),
+        );
         for var in SECRET_VARS {
             cmd.env_remove(var);
         }
+        die_with_parent(&mut cmd);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
+                if let Some(w) = watched {
+                    kill_group(Some(w.pgid));
+                    w.finish().await;
+                }
                 return ToolFailure::new("SPAWN", format!("cannot start sh: {e}"))
                     .into_output(NAME);
             }
         };
-        let pid = child.id();
+        let pid = watched.as_ref().map(|w| w.pgid).or(child.id());
         let bytes_max = self.config.output_bytes_max;
         let stdout = tokio::spawn(capture(child.stdout.take(), bytes_max));
         let stderr = tokio::spawn(capture(child.stderr.take(), bytes_max));
@@ -186,6 +269,9 @@ impl Tool for ShellTool {
                 Ok(s) => Ending::Exited(s),
                 Err(e) => {
                     kill_group(pid);
+                    if let Some(w) = watched {
+                        w.finish().await;
+                    }
                     return ToolFailure::new("IO", format!("waiting for the command failed: {e}"))
                         .into_output(NAME);
                 }
@@ -197,6 +283,9 @@ impl Tool for ShellTool {
         kill_group(pid);
         if !matches!(ending, Ending::Exited(_)) {
             let _ = child.wait().await;
+        }
+        if let Some(w) = watched {
+            w.finish().await;
         }
         let stdout = stdout.await.unwrap_or_default();
         let stderr = stderr.await.unwrap_or_default();

@@ -2,7 +2,9 @@
 //!
 //! It keeps each event as the JSON its `EncodedEvent` carries and parses it again on `load`, through
 //! the same scanner as the SQLite store (`scan.rs`), so a test against it exercises the real codec,
-//! validation, torn-tail handling and repair. Nothing here is durable: an "acknowledged" append is
+//! validation, torn-tail handling and repair. It models a store whose last write can tear
+//! (`Damage::TornTail`: a damaged row with no committed `turn/end` after it is cut), unlike SQLite,
+//! where every unreadable row is corruption. Nothing here is durable: an "acknowledged" append is
 //! merely in the map.
 //!
 //! Fault injection for tests: `set_fail_appends(true)` makes every write (append or repair) fail with
@@ -25,7 +27,7 @@ use bytes::Bytes;
 use crate::ids::SessionId;
 use crate::limits::Limits;
 use crate::session::event::{Event, SessionHeader};
-use crate::session::store::scan::{RowRef, Scanned, Scanner, check_batch};
+use crate::session::store::scan::{Damage, RowRef, Scanned, Scanner, check_batch};
 use crate::session::store::{
     EncodedEvent, Inspection, LoadedSession, SessionStore, SessionSummary, StoreError,
 };
@@ -213,7 +215,7 @@ impl MemoryStore {
             let rows: Vec<Row> = session.rows.iter().take(n_rows_max).cloned().collect();
             (session.header.clone(), rows)
         };
-        let mut scanner = Scanner::new(id.clone(), &self.limits);
+        let mut scanner = Scanner::new(id.clone(), &self.limits, Damage::TornTail);
         for row in &rows {
             let too_long = row.json.len() > self.limits.event_bytes_max;
             scanner.push(RowRef {

@@ -1,7 +1,7 @@
 //! The session store: durable logs behind an async trait free of any backend's types.
 //!
 //! "Acknowledged means durable": `append` resolves only after the batch is on stable storage. The
-//! default backend is SQLite (`sqlite.rs`: one database under the data directory, WAL,
+//! default backend is SQLite (`sqlite/`: one database under the data directory, WAL,
 //! `synchronous=FULL`, one writer thread doing group commit across all sessions). `memory.rs` keeps logs
 //! in memory for tests and benchmarks. `jsonl.rs` reads and writes DSH v0 JSON lines for
 //! `dsh export`/`import`. A PostgreSQL backend for several machines will implement the same trait.
@@ -25,13 +25,16 @@ use crate::session::event::{Event, SessionHeader};
 /// the store's single writer thread only does I/O.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EncodedEvent {
+    /// The event's seq.
     pub seq: u64,
     /// The event's `type`, kept beside the JSON so a backend can index it without parsing.
     pub kind: String,
+    /// The event as `Event::to_json` writes it: what the store keeps.
     pub json: Bytes,
 }
 
 impl EncodedEvent {
+    /// Serializes `event` for a store.
     pub fn encode(event: &Event) -> EncodedEvent {
         EncodedEvent {
             seq: event.seq,
@@ -44,6 +47,7 @@ impl EncodedEvent {
 /// A session read back by `load`: validated, with an open tail turn closed durably.
 #[derive(Clone, Debug)]
 pub struct LoadedSession {
+    /// The session's header.
     pub header: SessionHeader,
     /// The whole log, including any closers this load appended.
     pub events: Vec<Event>,
@@ -54,19 +58,23 @@ pub struct LoadedSession {
 /// What `inspect` found, without writing anything.
 #[derive(Clone, Debug)]
 pub struct Inspection {
+    /// The session's header.
     pub header: SessionHeader,
     /// The valid stored prefix.
     pub events: Vec<Event>,
     /// The closers a `load` would append.
     pub closers: Vec<Event>,
-    /// A torn tail a `load` would cut: the first bad seq and why.
+    /// A torn tail a `load` would cut: the first bad seq and why. Only a store whose last write can
+    /// tear has one (the memory store); in the SQLite store an unreadable row is `Corrupt`.
     pub torn_tail: Option<(u64, String)>,
 }
 
 /// One row of `list`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionSummary {
+    /// The session's header.
     pub header: SessionHeader,
+    /// Events stored (one past the last seq).
     pub n_events: u64,
     /// `time` of the last event, if any.
     pub last_time: Option<i64>,
@@ -76,35 +84,73 @@ pub struct SessionSummary {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
+    /// No session with this id is stored or registered.
     #[error("session {id} not found")]
-    NotFound { id: SessionId },
+    NotFound {
+        /// The id asked for.
+        id: SessionId,
+    },
+    /// A session with this id is stored or registered already.
     #[error("session {id} already exists")]
-    AlreadyExists { id: SessionId },
+    AlreadyExists {
+        /// The id asked for.
+        id: SessionId,
+    },
+    /// An append does not continue the stored log (or a batch is not contiguous).
     #[error("session {id}: append starts at seq {got}, the stored log ends before seq {expected}")]
     SeqMismatch {
+        /// The session.
         id: SessionId,
+        /// The seq the log expects next.
         expected: u64,
+        /// The seq the append carries.
         got: u64,
     },
+    /// A sync failed earlier: the store refuses every write from then on.
     #[error("the store refuses writes since a failed sync: {cause}")]
-    Poisoned { cause: String },
+    Poisoned {
+        /// The failure that poisoned the store.
+        cause: String,
+    },
+    /// A stored log cannot be trusted: damaged rows, or events that fail validation.
     #[error("stored session {id} failed validation at seq {seq}: {reason}")]
     Corrupt {
+        /// The session.
         id: SessionId,
+        /// The first damaged or invalid seq.
         seq: u64,
+        /// What is wrong (for damaged rows in SQLite: every damaged seq).
         reason: String,
     },
+    /// An event's JSON is over `Limits::event_bytes_max`.
     #[error("session {id}: event at seq {seq} is {bytes} bytes, the limit is {bytes_max}")]
     EventTooLarge {
+        /// The session.
         id: SessionId,
+        /// The event's seq.
         seq: u64,
+        /// Its JSON size.
         bytes: usize,
+        /// The limit.
         bytes_max: usize,
     },
+    /// A log would hold more than `Limits::session_events_max` events.
     #[error("session {id} holds more than {n_events_max} events, the limit")]
-    LogTooLong { id: SessionId, n_events_max: u64 },
+    LogTooLong {
+        /// The session.
+        id: SessionId,
+        /// The limit.
+        n_events_max: u64,
+    },
+    /// The backend failed (I/O, SQLite), or the store refuses the operation (read-only).
     #[error("{op} failed: {cause}")]
-    Io { op: &'static str, cause: String },
+    Io {
+        /// The operation that failed (`append`, `load`, `list`, …).
+        op: &'static str,
+        /// Why.
+        cause: String,
+    },
+    /// The store was closed.
     #[error("the store is closed")]
     Closed,
 }
@@ -133,8 +179,10 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn append(&self, id: &SessionId, events: Vec<EncodedEvent>) -> Result<(), StoreError>;
 
     /// Reads a session, validates it, and if its last turn is open appends the repair closers
-    /// (`session::repair`) durably before returning. A torn tail after the last `turn/end` is cut;
-    /// damage before it is `Corrupt`.
+    /// (`session::repair`) durably before returning. In a store whose last write can tear (the memory
+    /// store), a torn tail after the last `turn/end` is cut and damage before it is `Corrupt`; in one
+    /// whose committed writes cannot tear (SQLite), every unreadable row is `Corrupt` and nothing is
+    /// cut.
     ///
     /// # Errors
     /// `NotFound`, `Corrupt`, `LogTooLong`, `Poisoned` (when a repair must be written), `Io`.

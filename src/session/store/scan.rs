@@ -9,6 +9,11 @@
 //! everything from the bad row on is a torn tail that `load` cuts (durably) and `inspect` reports.
 //! Unlike a JSON-lines file, a store row also names its type in the `kind` column, so a refused row
 //! whose own `kind` says `turn/end` is a damaged committed turn end: `Corrupt` as well.
+//!
+//! That rule fits a store whose last write can be half done (the memory store stands in for one).
+//! SQLite cannot tear a committed transaction, so there an unreadable row is never a torn tail, only
+//! real damage to acknowledged input: with `Damage::Corrupt` the scanner refuses the log whatever
+//! follows the bad row, and names every damaged seq (the scan reads on to the end to find them all).
 //! The accepted prefix is then validated again with `Session::from_events` (the second half of the
 //! paired assertion: the session writer validated these events before they were appended), and the
 //! closers for an open tail turn are computed with `session::repair::interrupted_turn_closers`.
@@ -21,7 +26,8 @@
 //! contiguous and each record fits `Limits::event_bytes_max` (so that nothing is written that a load
 //! would refuse).
 //!
-//! Called by `sqlite.rs` and `memory.rs` (`append`, `load` and `inspect`).
+//! Called by `sqlite/` (with `Damage::Corrupt`) and `memory.rs` (with `Damage::TornTail`), in
+//! `append`, `load` and `inspect`.
 
 use crate::ids::SessionId;
 use crate::limits::Limits;
@@ -71,10 +77,81 @@ impl Scanned {
     }
 }
 
+/// What an unreadable row means to the backend that stored it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Damage {
+    /// The last write may be half done: a bad row with no committed `turn/end` after it starts a
+    /// torn tail that `load` cuts (the memory store, which models such a backend).
+    TornTail,
+    /// Committed writes cannot tear (SQLite): any bad row is corruption, and the scan lists them all.
+    Corrupt,
+}
+
+/// How many damaged seqs a `Damage::Corrupt` scan names in its error; the rest are counted.
+const DAMAGED_NAMED_MAX: usize = 16;
+
+/// The damaged rows a `Damage::Corrupt` scan found after the first refused one.
+#[derive(Debug, Default)]
+struct DamagedRows {
+    /// The first damaged seqs, ascending, at most `DAMAGED_NAMED_MAX`.
+    named: Vec<u64>,
+    /// Damaged seqs in all (missing seqs included).
+    n: u64,
+    /// The seq the next row should carry: one past the last row with a valid seq.
+    cursor: u64,
+}
+
+impl DamagedRows {
+    /// Records seqs `from..to` as damaged.
+    fn note(&mut self, from: u64, to: u64) {
+        let n = to.saturating_sub(from);
+        self.n = self.n.saturating_add(n);
+        let room = DAMAGED_NAMED_MAX.saturating_sub(self.named.len()) as u64;
+        self.named.extend(from..from.saturating_add(n.min(room)));
+    }
+
+    /// Checks one row on its own (its neighbours may be damaged): missing seqs before it and the row
+    /// itself are noted.
+    fn check(&mut self, row: &RowRef<'_>, limits: &Limits) {
+        let Some(seq) = row.seq else {
+            // A row whose seq is unreadable stands where the next seq should be.
+            self.note(self.cursor, self.cursor.saturating_add(1));
+            return;
+        };
+        if seq > self.cursor {
+            self.note(self.cursor, seq);
+        }
+        if check_row(seq, row, limits).is_err() {
+            self.note(seq, seq.saturating_add(1));
+        }
+        self.cursor = seq.saturating_add(1);
+    }
+
+    /// `seq 3, 4, 9` (and how many more).
+    fn describe(&self) -> String {
+        let list: Vec<String> = self.named.iter().map(u64::to_string).collect();
+        let more = self.n.saturating_sub(self.named.len() as u64);
+        let mut text = format!(
+            "{} damaged row{} (seq {}",
+            self.n,
+            if self.n == 1 { "" } else { "s" },
+            list.join(", ")
+        );
+        if more > 0 {
+            text.push_str(&format!(" and {more} more"));
+        }
+        text.push(')');
+        text
+    }
+}
+
 /// Scans one session's rows in seq order. See the module docs.
 pub(crate) struct Scanner<'l> {
     id: SessionId,
     limits: &'l Limits,
+    damage: Damage,
+    /// With `Damage::Corrupt`, once a row is refused: every damaged seq from there on.
+    damaged: DamagedRows,
     /// The accepted prefix.
     ///
     /// Invariant: `events[i].seq == i`, so `events.len()` is the seq the next good row must carry.
@@ -90,10 +167,13 @@ pub(crate) struct Scanner<'l> {
 }
 
 impl<'l> Scanner<'l> {
-    pub fn new(id: SessionId, limits: &'l Limits) -> Scanner<'l> {
+    /// A scanner for session `id`, reading within `limits`, treating a bad row as `damage` says.
+    pub fn new(id: SessionId, limits: &'l Limits, damage: Damage) -> Scanner<'l> {
         Scanner {
             id,
             limits,
+            damage,
+            damaged: DamagedRows::default(),
             events: Vec::new(),
             issue: None,
             turn_end_after_issue: false,
@@ -128,6 +208,9 @@ impl<'l> Scanner<'l> {
             if holds_turn_end(&row) {
                 self.turn_end_after_issue = true;
             }
+            if self.damage == Damage::Corrupt {
+                self.damaged.check(&row, self.limits);
+            }
             return Ok(());
         }
         let position = self.events.len() as u64;
@@ -136,6 +219,10 @@ impl<'l> Scanner<'l> {
             Err(reason) => {
                 self.issue = Some((position, reason));
                 self.turn_end_after_issue = holds_turn_end(&row);
+                if self.damage == Damage::Corrupt {
+                    self.damaged.cursor = position;
+                    self.damaged.check(&row, self.limits);
+                }
             }
         }
         Ok(())
@@ -143,39 +230,12 @@ impl<'l> Scanner<'l> {
 
     /// Parses and checks one row that should sit at `position`.
     fn accept(&self, position: u64, row: &RowRef<'_>) -> Result<Event, String> {
-        let seq = match row.seq {
-            Some(seq) if seq == position => seq,
-            Some(seq) => {
-                return Err(format!(
-                    "seq {position} is missing: the next stored row has seq {seq}"
-                ));
-            }
-            None => return Err(format!("the row after seq {position} has no valid seq")),
-        };
-        let bytes_max = self.limits.event_bytes_max as u64;
-        if row.bytes > bytes_max {
-            return Err(format!(
-                "the stored event is {} bytes, the limit is {bytes_max}",
-                row.bytes
-            ));
-        }
-        let Some(json) = row.json else {
-            return Err("the stored event is not text".to_string());
-        };
-        let event = Event::from_json_bytes(json).map_err(|e| e.to_string())?;
-        if event.seq != seq {
-            return Err(format!(
-                "the row for seq {seq} holds an event with seq {}",
-                event.seq
-            ));
-        }
-        match row.kind {
-            Some(kind) if kind == event.kind() => Ok(event),
-            Some(kind) => Err(format!(
-                "the kind column says {kind:?} but the event is {:?}",
-                event.kind()
+        match row.seq {
+            Some(seq) if seq == position => check_row(seq, row, self.limits),
+            Some(seq) => Err(format!(
+                "seq {position} is missing: the next stored row has seq {seq}"
             )),
-            None => Err("the kind column is not text".to_string()),
+            None => Err(format!("the row after seq {position} has no valid seq")),
         }
     }
 
@@ -190,6 +250,17 @@ impl<'l> Scanner<'l> {
             seq,
             reason,
         };
+        if let Some((seq, reason)) = &self.issue
+            && self.damage == Damage::Corrupt
+        {
+            return Err(corrupt(
+                *seq,
+                format!(
+                    "{}; the first: {reason} (a committed row cannot tear, so this session cannot be continued)",
+                    self.damaged.describe()
+                ),
+            ));
+        }
         if let Some((seq, reason)) = &self.issue
             && self.turn_end_after_issue
         {
@@ -244,6 +315,36 @@ pub(crate) fn check_batch(
     Ok(())
 }
 
+/// Parses and checks one row stored at `seq`: within the size limit, text, a valid event carrying
+/// that seq, and the `kind` column agreeing with it.
+fn check_row(seq: u64, row: &RowRef<'_>, limits: &Limits) -> Result<Event, String> {
+    let bytes_max = limits.event_bytes_max as u64;
+    if row.bytes > bytes_max {
+        return Err(format!(
+            "the stored event is {} bytes, the limit is {bytes_max}",
+            row.bytes
+        ));
+    }
+    let Some(json) = row.json else {
+        return Err("the stored event is not text".to_string());
+    };
+    let event = Event::from_json_bytes(json).map_err(|e| e.to_string())?;
+    if event.seq != seq {
+        return Err(format!(
+            "the row for seq {seq} holds an event with seq {}",
+            event.seq
+        ));
+    }
+    match row.kind {
+        Some(kind) if kind == event.kind() => Ok(event),
+        Some(kind) => Err(format!(
+            "the kind column says {kind:?} but the event is {:?}",
+            event.kind()
+        )),
+        None => Err("the kind column is not text".to_string()),
+    }
+}
+
 /// Whether a row after the first refused one records a committed turn end: its `kind` column says
 /// so, or its JSON parses to a `turn/end`. Either is enough — when in doubt we refuse to drop data.
 fn holds_turn_end(row: &RowRef<'_>) -> bool {
@@ -277,7 +378,7 @@ mod tests {
     }
 
     fn scan(rows: &[RowRef<'_>], limits: &Limits) -> Result<Scanned, StoreError> {
-        let mut scanner = Scanner::new(SessionId::new("s").unwrap(), limits);
+        let mut scanner = Scanner::new(SessionId::new("s").unwrap(), limits, Damage::TornTail);
         for r in rows {
             scanner.push(*r)?;
         }
@@ -314,6 +415,72 @@ mod tests {
         assert_eq!(seq, 2);
         assert!(reason.contains("invalid event"), "{reason}");
         assert!(s.closers.is_empty());
+    }
+
+    fn scan_strict(rows: &[RowRef<'_>]) -> Result<Scanned, StoreError> {
+        let limits = Limits::DEFAULT;
+        let mut scanner = Scanner::new(SessionId::new("s").unwrap(), &limits, Damage::Corrupt);
+        for r in rows {
+            scanner.push(*r)?;
+        }
+        scanner.finish()
+    }
+
+    /// With `Damage::Corrupt` (SQLite), garbage after the last turn end is not a torn tail: the log
+    /// is refused at the first bad seq.
+    #[test]
+    fn a_committed_store_refuses_garbage_after_the_last_turn_end() {
+        let err = scan_strict(&[
+            row(0, "turn/start", T1),
+            row(1, "turn/end", E1),
+            row(2, "turn/start", "{\"type\":\"turn/st"),
+        ])
+        .unwrap_err();
+        let StoreError::Corrupt { seq, reason, .. } = err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(seq, 2);
+        assert!(
+            reason.starts_with("1 damaged row (seq 2); the first: invalid event"),
+            "{reason}"
+        );
+    }
+
+    /// Every damaged seq is named: bad rows, a missing seq, a row whose seq is unreadable; good rows
+    /// between them are not.
+    #[test]
+    fn a_committed_store_names_every_damaged_seq() {
+        let t2 = row(2, "turn/start", T2);
+        let mut no_seq = row(0, "turn/start", T1);
+        no_seq.seq = None;
+        let err = scan_strict(&[
+            row(0, "turn/start", T1),
+            row(1, "turn/end", "x"),
+            t2,
+            row(5, "turn/end", "y"),
+            no_seq,
+        ])
+        .unwrap_err();
+        let StoreError::Corrupt { seq, reason, .. } = err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(seq, 1);
+        assert!(
+            reason.starts_with("5 damaged rows (seq 1, 3, 4, 5, 6); the first: "),
+            "{reason}"
+        );
+        let rows: Vec<String> = (0..40).map(|i| format!("bad{i}")).collect();
+        let mut all = vec![row(0, "turn/start", T1)];
+        all.extend(
+            rows.iter()
+                .enumerate()
+                .map(|(i, j)| row(i as u64 + 1, "turn/end", j)),
+        );
+        let err = scan_strict(&all).unwrap_err().to_string();
+        assert!(
+            err.contains("40 damaged rows (seq 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 and 24 more)"),
+            "{err}"
+        );
     }
 
     #[test]

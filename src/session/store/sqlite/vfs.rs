@@ -13,9 +13,10 @@
 //! What must stay true: the registered `sqlite3_vfs` and the `Control` it points to outlive every
 //! connection opened through the VFS. Each store connection holds an `Arc<FaultVfs>`, and `Drop`
 //! unregisters and frees only when the last one is gone; a connection that fails to close leaks its
-//! `Arc` on purpose (see `sqlite.rs`, `Db`).
+//! `Arc` on purpose (see `sqlite/mod.rs`, `Db`).
 //!
-//! Used by `SqliteStore::open` when `SqliteConfig::fault_injection` is set.
+//! Used by `SqliteStore::open` when `SqliteConfig::fault_injection` is set. Compiled only with the
+//! `fault-injection` feature, which this package's tests enable and release builds do not.
 
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::ptr::{self, NonNull};

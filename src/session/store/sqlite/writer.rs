@@ -12,7 +12,7 @@
 //! one checkpoint runs at a time; a close waits for it. Running the commit under `spawn_blocking` rather than on a thread of our own keeps tokio's
 //! paused test clock from jumping while an fsync runs (STYLE §5, tokio#5115).
 //!
-//! What must stay true: requests reach this queue already validated and reserved (`sqlite.rs`), so a
+//! What must stay true: requests reach this queue already validated and reserved (`sqlite/mod.rs`), so a
 //! statement that fails here is a failure of the disk or the database, never of the caller: the
 //! whole group gets `Io`, the store is poisoned, and nothing is retried. A `Close` request stops the
 //! writer after everything queued before it; the connection (and the lock file) close before the
@@ -41,15 +41,10 @@ pub(super) struct Materialize {
 
 #[derive(Debug)]
 pub(super) enum Op {
+    /// Events appended at the stored end: an `append`, or the closers of a `load`'s repair.
     Append {
         id: SessionId,
         materialize: Option<Materialize>,
-        events: Vec<EncodedEvent>,
-    },
-    /// A load's repair: delete rows from `cut_from` on (a torn tail), then append the closers.
-    Repair {
-        id: SessionId,
-        cut_from: Option<u64>,
         events: Vec<EncodedEvent>,
     },
     Delete {
@@ -176,7 +171,7 @@ fn commit_group(shared: &Shared, writer: &mut Writer, group: Vec<Request>) {
     let mut n_events = 0u64;
     let mut n_bytes = 0u64;
     for request in &group {
-        if let Op::Append { events, .. } | Op::Repair { events, .. } = &request.op {
+        if let Op::Append { events, .. } = &request.op {
             n_events += events.len() as u64;
             n_bytes += events.iter().map(|e| e.json.len() as u64).sum::<u64>();
         }
@@ -238,8 +233,6 @@ fn write_group(conn: &mut Connection, group: &[Request]) -> rusqlite::Result<()>
         )?;
         let mut insert_session =
             tx.prepare_cached("INSERT INTO sessions (id, created_at, header) VALUES (?1, ?2, ?3)")?;
-        let mut cut_tail =
-            tx.prepare_cached("DELETE FROM events WHERE session_id = ?1 AND seq >= ?2")?;
         let mut delete_events = tx.prepare_cached("DELETE FROM events WHERE session_id = ?1")?;
         let mut delete_session = tx.prepare_cached("DELETE FROM sessions WHERE id = ?1")?;
         let mut insert_all = |id: &SessionId, events: &[EncodedEvent]| -> rusqlite::Result<()> {
@@ -262,16 +255,6 @@ fn write_group(conn: &mut Connection, group: &[Request]) -> rusqlite::Result<()>
                 } => {
                     if let Some(m) = materialize {
                         insert_session.execute(params![id.as_str(), m.created_at, m.json])?;
-                    }
-                    insert_all(id, events)?;
-                }
-                Op::Repair {
-                    id,
-                    cut_from,
-                    events,
-                } => {
-                    if let Some(cut) = cut_from {
-                        cut_tail.execute(params![id.as_str(), to_i64(*cut, "seq")?])?;
                     }
                     insert_all(id, events)?;
                 }
@@ -331,7 +314,7 @@ fn run_checkpoint(shared: &Shared, db: Option<Db>) -> Option<Db> {
     let started = Instant::now();
     let db = match db {
         Some(db) => db,
-        None => match super::open_checkpointer(&shared.db_path, shared.vfs.as_ref()) {
+        None => match super::open::open_checkpointer(&shared.db_path, shared.vfs.as_ref()) {
             Ok(db) => db,
             Err(e) => {
                 shared.poison(format!(

@@ -5,7 +5,7 @@
 //! "parentSession"?:…,"seedLength"?:…,"origin"?:…,"delegationDepth":<int>,"agentPreset"?:…}` (keys in
 //! that order, optional keys omitted, never `null`) followed by one record per line, each ending in
 //! `\n`: an event exactly as `Event::to_json` writes it, or — in logs the original wrote — a packed
-//! chunk row that stands for a run of `assistant/chunk` events (`session::legacy`).
+//! chunk row that stands for a run of `assistant/chunk` events (`jsonl/legacy.rs`, used only here).
 //!
 //! `export` writes one event per line, so `export(import(x)) == x` byte for byte for every log dsh-rs
 //! writes. `import` trusts nothing: every line is bounded (`Limits::event_bytes_max`), the nesting
@@ -23,6 +23,8 @@
 //! record but not a valid event is an error wherever it is. An open tail turn is kept as it is: the
 //! store closes it (`session::repair`) when it loads the session.
 
+pub mod legacy;
+
 use std::borrow::Cow;
 use std::io::{self, BufRead, Write};
 
@@ -33,8 +35,9 @@ use crate::ids::SessionId;
 use crate::limits::Limits;
 use crate::session::event::{Event, KNOWN_EVENT_TYPES, SessionHeader};
 use crate::session::invariant::{self, Violation};
-use crate::session::legacy::{self, LegacyError, RowTag, SAFE_INTEGER_MAX};
 use crate::session::log::{AppendError, Session};
+
+use self::legacy::{LegacyError, RowTag, SAFE_INTEGER_MAX};
 
 /// How a caller wants an import adjusted. The default changes nothing.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -50,6 +53,7 @@ pub struct ImportOptions {
 /// A session read from JSON lines: validated, in the current shape.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Imported {
+    /// The header line, with `ImportOptions` applied.
     pub header: SessionHeader,
     /// Contiguous from seq 0; valid for `Session::from_events` and `invariant::check`. The last turn
     /// may be open.
@@ -76,50 +80,97 @@ pub struct TornTail {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ImportError {
+    /// The input could not be read.
     #[error("reading line {line} failed: {cause}")]
-    Read { line: usize, cause: String },
+    Read {
+        /// The line being read (1-based; the header is line 1).
+        line: usize,
+        /// The I/O error.
+        cause: String,
+    },
+    /// There is no header line.
     #[error("the input is empty: a log starts with a session header line")]
     Empty,
+    /// The header line is torn, too long or invalid.
     #[error("line 1: {reason}")]
-    Header { reason: String },
+    Header {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The log is in a format version other than v0.
     #[error("line 1: the log uses format v{version}, but this build reads only v0: {}", version_hint(*.version))]
-    UnsupportedVersion { version: i64 },
+    UnsupportedVersion {
+        /// The header's version.
+        version: i64,
+    },
+    /// A record of a type this build does not know, not marked ignorable.
     #[error(
         "line {line} (seq {seq}): event type {kind:?} is unknown to this build and not marked ignorable; refusing to interpret the log"
     )]
-    UnknownType { line: usize, seq: u64, kind: String },
+    UnknownType {
+        /// The record's line.
+        line: usize,
+        /// Its seq.
+        seq: u64,
+        /// Its type.
+        kind: String,
+    },
+    /// An old shape that cannot be converted.
     #[error("line {line}: {source}")]
     Legacy {
+        /// The record's line.
         line: usize,
+        /// Why it cannot be converted.
         #[source]
         source: LegacyError,
     },
+    /// A readable record that is not a valid event.
     #[error("line {line} (seq {seq}): {reason}")]
     Invalid {
+        /// The record's line.
         line: usize,
+        /// Its seq.
         seq: u64,
+        /// Why it is not a valid event.
         reason: String,
     },
+    /// A damaged line before a committed `turn/end`: the committed log itself is damaged.
     #[error(
         "line {line}: {reason}; a turn/end follows at line {turn_end_line}, so the damage is inside the committed log"
     )]
     Corrupt {
+        /// The first damaged line.
         line: usize,
+        /// Why it could not be read.
         reason: String,
+        /// The line of the later `turn/end`.
         turn_end_line: usize,
     },
+    /// The log holds more than `Limits::session_events_max` events.
     #[error("line {line}: the log holds more than {events_max} events, the limit")]
-    TooManyEvents { line: usize, events_max: usize },
+    TooManyEvents {
+        /// The line that went over the limit.
+        line: usize,
+        /// The limit.
+        events_max: usize,
+    },
+    /// An event the log refuses (`Session::from_events`).
     #[error("line {line} (seq {seq}): {source}")]
     Rejected {
+        /// The event's line.
         line: usize,
+        /// Its seq.
         seq: u64,
+        /// Why the log refuses it.
         #[source]
         source: AppendError,
     },
+    /// The log breaks a relational invariant (`invariant::check`).
     #[error("line {line}: {source}")]
     Invariant {
+        /// The line of the first event that breaks it.
         line: usize,
+        /// The rule broken.
         #[source]
         source: Violation,
     },
@@ -202,30 +253,7 @@ pub fn import_with(
     options: &ImportOptions,
 ) -> Result<Imported, ImportError> {
     let mut buf = Vec::new();
-    let read_err = |line: usize| {
-        move |e: io::Error| ImportError::Read {
-            line,
-            cause: e.to_string(),
-        }
-    };
-    let header_bad = |reason: String| ImportError::Header { reason };
-    let (header, header_conversion) = match read_line(input, &mut buf, limits.event_bytes_max)
-        .map_err(read_err(1))?
-    {
-        LineRead::Eof => return Err(ImportError::Empty),
-        LineRead::Torn { n_bytes, .. } => {
-            return Err(header_bad(format!(
-                "the header line ({n_bytes} bytes) is not newline-terminated: nothing was committed"
-            )));
-        }
-        LineRead::TooLong { n_bytes } => {
-            return Err(header_bad(format!(
-                "the header line is {n_bytes} bytes, the limit is {}",
-                limits.event_bytes_max
-            )));
-        }
-        LineRead::Complete => parse_header(&buf, limits, options)?,
-    };
+    let (header, header_conversion) = read_header(input, &mut buf, limits, options)?;
     let mut scan = Scan {
         limits,
         session_id: header.id.clone(),
@@ -234,57 +262,7 @@ pub fn import_with(
         conversions: header_conversion.into_iter().collect(),
         issue: None,
     };
-    let mut line = 1;
-    let mut torn_final: Option<(usize, String)> = None;
-    loop {
-        line += 1;
-        match read_line(input, &mut buf, limits.event_bytes_max).map_err(read_err(line))? {
-            LineRead::Eof => break,
-            LineRead::Torn { n_bytes, too_long } => {
-                let size = if too_long {
-                    format!(
-                        "{n_bytes} bytes, over the limit of {}",
-                        limits.event_bytes_max
-                    )
-                } else {
-                    format!("{n_bytes} bytes")
-                };
-                torn_final = Some((
-                    line,
-                    format!("the final line ({size}) is not newline-terminated"),
-                ));
-                break;
-            }
-            LineRead::TooLong { n_bytes } => scan.line_issue(
-                line,
-                format!(
-                    "the line is {n_bytes} bytes, the limit is {}",
-                    limits.event_bytes_max
-                ),
-            )?,
-            LineRead::Complete => scan.consume(line, &buf)?,
-        }
-    }
-    let torn_tail = match (scan.issue.take(), torn_final) {
-        (Some(mut issue), final_line) => {
-            issue.n_lines += usize::from(final_line.is_some());
-            Some(issue)
-        }
-        (None, Some((line, reason))) => Some(TornTail {
-            line,
-            reason,
-            n_lines: 1,
-        }),
-        (None, None) => None,
-    };
-    if let Some(torn) = &torn_tail {
-        tracing::warn!(
-            line = torn.line,
-            n_lines = torn.n_lines,
-            reason = %torn.reason,
-            "import cut a torn tail after the last committed turn/end"
-        );
-    }
+    let torn_tail = scan_records(input, &mut buf, &mut scan)?;
     let Scan {
         events,
         lines,
@@ -315,6 +293,98 @@ pub fn import_with(
         conversions,
         torn_tail,
     })
+}
+
+/// A read error on `line`, as an `ImportError`.
+fn read_error(line: usize) -> impl Fn(io::Error) -> ImportError {
+    move |e: io::Error| ImportError::Read {
+        line,
+        cause: e.to_string(),
+    }
+}
+
+/// Reads and parses the header line (line 1); returns the header and the legacy conversion applied
+/// to it, if any.
+///
+/// # Errors
+/// `Empty` for no input, `Header` for a header line that is torn, too long or invalid, `Read`.
+fn read_header(
+    input: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    limits: &Limits,
+    options: &ImportOptions,
+) -> Result<(SessionHeader, Option<String>), ImportError> {
+    let header_bad = |reason: String| ImportError::Header { reason };
+    match read_line(input, buf, limits.event_bytes_max).map_err(read_error(1))? {
+        LineRead::Eof => Err(ImportError::Empty),
+        LineRead::Torn { n_bytes, .. } => Err(header_bad(format!(
+            "the header line ({n_bytes} bytes) is not newline-terminated: nothing was committed"
+        ))),
+        LineRead::TooLong { n_bytes } => Err(header_bad(format!(
+            "the header line is {n_bytes} bytes, the limit is {}",
+            limits.event_bytes_max
+        ))),
+        LineRead::Complete => parse_header(buf, limits, options),
+    }
+}
+
+/// Reads every record line after the header into `scan`; returns the torn tail to cut, if any (the
+/// scanner's, plus a final line without its `\n`).
+///
+/// # Errors
+/// What `Scan` refuses (corruption before a committed `turn/end`, an invalid record), `Read`.
+fn scan_records(
+    input: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    scan: &mut Scan<'_>,
+) -> Result<Option<TornTail>, ImportError> {
+    let bytes_max = scan.limits.event_bytes_max;
+    let mut line = 1;
+    let mut torn_final: Option<(usize, String)> = None;
+    loop {
+        line += 1;
+        match read_line(input, buf, bytes_max).map_err(read_error(line))? {
+            LineRead::Eof => break,
+            LineRead::Torn { n_bytes, too_long } => {
+                let size = if too_long {
+                    format!("{n_bytes} bytes, over the limit of {bytes_max}")
+                } else {
+                    format!("{n_bytes} bytes")
+                };
+                torn_final = Some((
+                    line,
+                    format!("the final line ({size}) is not newline-terminated"),
+                ));
+                break;
+            }
+            LineRead::TooLong { n_bytes } => scan.line_issue(
+                line,
+                format!("the line is {n_bytes} bytes, the limit is {bytes_max}"),
+            )?,
+            LineRead::Complete => scan.consume(line, buf)?,
+        }
+    }
+    let torn_tail = match (scan.issue.take(), torn_final) {
+        (Some(mut issue), final_line) => {
+            issue.n_lines += usize::from(final_line.is_some());
+            Some(issue)
+        }
+        (None, Some((line, reason))) => Some(TornTail {
+            line,
+            reason,
+            n_lines: 1,
+        }),
+        (None, None) => None,
+    };
+    if let Some(torn) = &torn_tail {
+        tracing::warn!(
+            line = torn.line,
+            n_lines = torn.n_lines,
+            reason = %torn.reason,
+            "import cut a torn tail after the last committed turn/end"
+        );
+    }
+    Ok(torn_tail)
 }
 
 /// What `read_line` found.
@@ -421,7 +491,80 @@ fn parse_header(
     limits: &Limits,
     options: &ImportOptions,
 ) -> Result<(SessionHeader, Option<String>), ImportError> {
-    let bad = |reason: String| ImportError::Header { reason };
+    let bad = header_bad;
+    let map = header_map(bytes, limits)?;
+    let header_id = match map.get("id") {
+        Some(Value::String(s)) => s.as_str(),
+        Some(v) => return Err(bad(format!("header id must be a string, got {v}"))),
+        None => return Err(bad("the session header has no id".into())),
+    };
+    let id = match &options.session_id {
+        Some(id) => id.clone(),
+        None => SessionId::new(header_id).map_err(|e| {
+            bad(format!(
+                "header id {header_id:?} is not a valid session id: {e}"
+            ))
+        })?,
+    };
+    let created_at = header_count(&map, "createdAt")?
+        .ok_or_else(|| bad("the session header has no createdAt".into()))?;
+    let cwd = header_string(&map, "cwd")?;
+    let cwd = options.cwd.clone().or(cwd);
+    if let Some(cwd) = &cwd
+        && !is_absolute_path(cwd)
+    {
+        return Err(bad(format!("cwd must be an absolute path, got {cwd:?}")));
+    }
+    let origin = header_string(&map, "origin")?;
+    if let Some(origin) = &origin
+        && origin != "subagent"
+    {
+        return Err(bad(format!("origin must be \"subagent\", got {origin:?}")));
+    }
+    let (delegation_depth, conversion) = match header_count(&map, "delegationDepth")? {
+        Some(depth) => (depth, None),
+        // Headers written before delegation existed: absent means top level (§1.1).
+        None => (
+            0,
+            Some("line 1: header without delegationDepth read as delegationDepth 0".to_string()),
+        ),
+    };
+    let header = SessionHeader {
+        version: 0,
+        id,
+        created_at,
+        cwd,
+        parent_session: header_string(&map, "parentSession")?,
+        seed_length: header_count(&map, "seedLength")?,
+        origin,
+        delegation_depth,
+        agent_preset: header_string(&map, "agentPreset")?,
+    };
+    Ok((header, conversion))
+}
+
+/// A header refused for `reason`.
+fn header_bad(reason: String) -> ImportError {
+    ImportError::Header { reason }
+}
+
+/// The header line as a JSON object, after the checks that come before its fields: nesting depth,
+/// JSON, `type` `session`, `version` 0 (checked before any other structure: a newer format may
+/// differ in anything), no retired policy fields, no unknown key.
+fn header_map(bytes: &[u8], limits: &Limits) -> Result<Map<String, Value>, ImportError> {
+    const KEYS: &[&str] = &[
+        "type",
+        "version",
+        "id",
+        "createdAt",
+        "cwd",
+        "parentSession",
+        "seedLength",
+        "origin",
+        "delegationDepth",
+        "agentPreset",
+    ];
+    let bad = header_bad;
     if json_nesting_depth(bytes, limits.json_depth_max) > limits.json_depth_max {
         return Err(bad(format!(
             "the header nests JSON deeper than {} levels",
@@ -443,7 +586,6 @@ fn parse_header(
             "the first line is not a session header (its type is not \"session\")".into(),
         ));
     }
-    // The version is checked before any other structure: a newer format may differ in anything.
     match map.get("version") {
         None => return Err(bad("the session header has no version".into())),
         Some(v) => match v.as_i64() {
@@ -458,92 +600,37 @@ fn parse_header(
                 .into(),
         ));
     }
-    const KEYS: &[&str] = &[
-        "type",
-        "version",
-        "id",
-        "createdAt",
-        "cwd",
-        "parentSession",
-        "seedLength",
-        "origin",
-        "delegationDepth",
-        "agentPreset",
-    ];
     if let Some(key) = map.keys().find(|k| !KEYS.contains(&k.as_str())) {
         return Err(bad(format!(
             "the session header has an unknown key {key:?}"
         )));
     }
-    let safe_count = |key: &str| -> Result<Option<u64>, ImportError> {
-        match map.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .filter(|n| *n <= SAFE_INTEGER_MAX.unsigned_abs())
-                .map(Some)
-                .ok_or_else(|| {
-                    bad(format!(
-                        "{key} must be a non-negative safe integer, got {v}"
-                    ))
-                }),
-        }
-    };
-    let string = |key: &str| -> Result<Option<String>, ImportError> {
-        match map.get(key) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(v) => Err(bad(format!("{key} must be a string, got {v}"))),
-        }
-    };
-    let header_id = match map.get("id") {
-        Some(Value::String(s)) => s.as_str(),
-        Some(v) => return Err(bad(format!("header id must be a string, got {v}"))),
-        None => return Err(bad("the session header has no id".into())),
-    };
-    let id = match &options.session_id {
-        Some(id) => id.clone(),
-        None => SessionId::new(header_id).map_err(|e| {
-            bad(format!(
-                "header id {header_id:?} is not a valid session id: {e}"
-            ))
-        })?,
-    };
-    let created_at = safe_count("createdAt")?
-        .ok_or_else(|| bad("the session header has no createdAt".into()))?;
-    let cwd = string("cwd")?;
-    let cwd = options.cwd.clone().or(cwd);
-    if let Some(cwd) = &cwd
-        && !is_absolute_path(cwd)
-    {
-        return Err(bad(format!("cwd must be an absolute path, got {cwd:?}")));
+    Ok(map)
+}
+
+/// The header field `key` as a non-negative safe integer (`None` when absent).
+fn header_count(map: &Map<String, Value>, key: &str) -> Result<Option<u64>, ImportError> {
+    match map.get(key) {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n <= SAFE_INTEGER_MAX.unsigned_abs())
+            .map(Some)
+            .ok_or_else(|| {
+                header_bad(format!(
+                    "{key} must be a non-negative safe integer, got {v}"
+                ))
+            }),
     }
-    let origin = string("origin")?;
-    if let Some(origin) = &origin
-        && origin != "subagent"
-    {
-        return Err(bad(format!("origin must be \"subagent\", got {origin:?}")));
+}
+
+/// The header field `key` as a string (`None` when absent).
+fn header_string(map: &Map<String, Value>, key: &str) -> Result<Option<String>, ImportError> {
+    match map.get(key) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => Err(header_bad(format!("{key} must be a string, got {v}"))),
     }
-    let (delegation_depth, conversion) = match safe_count("delegationDepth")? {
-        Some(depth) => (depth, None),
-        // Headers written before delegation existed: absent means top level (§1.1).
-        None => (
-            0,
-            Some("line 1: header without delegationDepth read as delegationDepth 0".to_string()),
-        ),
-    };
-    let header = SessionHeader {
-        version: 0,
-        id,
-        created_at,
-        cwd,
-        parent_session: string("parentSession")?,
-        seed_length: safe_count("seedLength")?,
-        origin,
-        delegation_depth,
-        agent_preset: string("agentPreset")?,
-    };
-    Ok((header, conversion))
 }
 
 /// An absolute path on any platform the original runs on: `/…`, `\\server\…`, or `C:\…` / `C:/…`.
@@ -680,7 +767,7 @@ impl Scan<'_> {
             self.push(line, event)?;
             return Ok(Ok(()));
         }
-        let mut map = match serde_json::from_str::<Value>(text) {
+        let map = match serde_json::from_str::<Value>(text) {
             Ok(Value::Object(map)) => map,
             Ok(_) => return Ok(Err("the line is not a JSON object".into())),
             Err(e) => {
@@ -692,41 +779,63 @@ impl Scan<'_> {
         };
         let kind = map.get("type").and_then(Value::as_str).unwrap_or_default();
         if let Some(tag) = RowTag::from_type(kind) {
-            // Check the member count before expanding: a row of empty strings packs an event into
-            // three bytes, so a single line could otherwise expand to millions of events.
-            let n_members = map
-                .get("data")
-                .and_then(|d| {
-                    d.get(if tag == RowTag::ToolCallChunks {
-                        "args"
-                    } else {
-                        "texts"
-                    })
-                })
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len);
-            if self.events.len().saturating_add(n_members) > self.limits.session_events_max {
-                return Err(ImportError::TooManyEvents {
-                    line,
-                    events_max: self.limits.session_events_max,
-                });
-            }
-            let events = match legacy::decode_row(tag, &map) {
-                Ok(events) => events,
-                Err(e) => return Ok(Err(e.to_string())),
-            };
-            let seq0 = events.first().map(|e| e.seq);
-            if seq0 != Some(expected) {
-                return self.seq_gap(line, expected, seq0, false);
-            }
-            for event in events {
-                self.push(line, event)?;
-            }
-            return Ok(Ok(()));
+            return self.decode_chunk_row(line, tag, &map);
         }
+        self.decode_old_shape(line, map)
+    }
+
+    /// A packed chunk row of the original (`legacy::decode_row`): expanded into its events.
+    fn decode_chunk_row(
+        &mut self,
+        line: usize,
+        tag: RowTag,
+        map: &Map<String, Value>,
+    ) -> Result<Result<(), String>, ImportError> {
+        // Check the member count before expanding: a row of empty strings packs an event into
+        // three bytes, so a single line could otherwise expand to millions of events.
+        let n_members = map
+            .get("data")
+            .and_then(|d| {
+                d.get(if tag == RowTag::ToolCallChunks {
+                    "args"
+                } else {
+                    "texts"
+                })
+            })
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        if self.events.len().saturating_add(n_members) > self.limits.session_events_max {
+            return Err(ImportError::TooManyEvents {
+                line,
+                events_max: self.limits.session_events_max,
+            });
+        }
+        let events = match legacy::decode_row(tag, map) {
+            Ok(events) => events,
+            Err(e) => return Ok(Err(e.to_string())),
+        };
+        let expected = self.expected_seq();
+        let seq0 = events.first().map(|e| e.seq);
+        if seq0 != Some(expected) {
+            return self.seq_gap(line, expected, seq0, false);
+        }
+        for event in events {
+            self.push(line, event)?;
+        }
+        Ok(Ok(()))
+    }
+
+    /// A record that is not in the current shape: converted from an old shape the original still
+    /// reads (`legacy::convert_event`, reported in `conversions`), or refused.
+    fn decode_old_shape(
+        &mut self,
+        line: usize,
+        mut map: Map<String, Value>,
+    ) -> Result<Result<(), String>, ImportError> {
+        let expected = self.expected_seq();
         let seq = map.get("seq").and_then(Value::as_u64);
         if seq != Some(expected) {
-            let is_turn_end = kind == "turn/end";
+            let is_turn_end = map.get("type").and_then(Value::as_str) == Some("turn/end");
             return self.seq_gap(line, expected, seq, is_turn_end);
         }
         let events = &self.events;
@@ -784,8 +893,8 @@ impl Scan<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::legacy::LegacyError;
     use super::*;
-    use crate::session::legacy::LegacyError;
 
     const HEADER: &str =
         r#"{"type":"session","version":0,"id":"s1","createdAt":5,"delegationDepth":0}"#;

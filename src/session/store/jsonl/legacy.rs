@@ -17,7 +17,9 @@
 //! refuses anything else, so corruption is never disguised as legacy data. Storage is never rewritten:
 //! a converted log is only converted in memory (and written in the current shape if exported again).
 //!
-//! Who calls this: `session::store::jsonl::import`, and any store that reads logs of the original.
+//! Who calls this: only the JSON-lines import and export beside it (`jsonl/mod.rs`). The SQLite and
+//! memory stores never hold these shapes: they store events in the current shape, written by this
+//! runtime, and an imported log is converted before it reaches them.
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
@@ -37,29 +39,58 @@ pub const MIN_RUN: usize = 3;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LegacyError {
+    /// A packed chunk row breaks a rule of its shape.
     #[error("malformed {tag} storage row: {reason}")]
-    MalformedRow { tag: &'static str, reason: String },
+    MalformedRow {
+        /// The row's tag (`text-chunks`, …).
+        tag: &'static str,
+        /// The first rule it breaks.
+        reason: String,
+    },
+    /// An event of a type the original retired (`request/header-delta`, `mode/set`).
     #[error("seq {seq}: unsupported legacy {kind} event")]
-    RetiredType { seq: u64, kind: String },
+    RetiredType {
+        /// The event's seq.
+        seq: u64,
+        /// Its type.
+        kind: String,
+    },
+    /// A `request/header` with the retired reason `fallback`.
     #[error("seq {seq}: unsupported legacy request/header reason \"fallback\"")]
-    FallbackReason { seq: u64 },
+    FallbackReason {
+        /// The event's seq.
+        seq: u64,
+    },
+    /// An old shape that is not exactly the shape the original wrote.
     #[error("seq {seq}: malformed pre-react-loop {kind}: {reason}")]
     Malformed {
+        /// The event's seq.
         seq: u64,
+        /// Its type.
         kind: &'static str,
+        /// The rule of the old shape it breaks.
         reason: &'static str,
     },
     #[error(
         "seq {seq}: a pre-identity tool/result replacement targets seq {target}, which carries no message id to inherit"
     )]
-    NoInheritedId { seq: u64, target: u64 },
+    /// A pre-identity replacement result whose target carries no message id to inherit.
+    NoInheritedId {
+        /// The replacement's seq.
+        seq: u64,
+        /// The seq it replaces.
+        target: u64,
+    },
 }
 
 /// The three storage-row tags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RowTag {
+    /// `text-chunks`: text deltas of one block.
     TextChunks,
+    /// `reasoning-chunks`: reasoning deltas of one block.
     ReasoningChunks,
+    /// `tool-call-chunks`: argument deltas of one tool call.
     ToolCallChunks,
 }
 
@@ -74,6 +105,7 @@ impl RowTag {
         }
     }
 
+    /// The tag as written in a row's `type`.
     pub fn as_str(self) -> &'static str {
         match self {
             RowTag::TextChunks => "text-chunks",
@@ -114,10 +146,7 @@ fn has_only_keys(map: &Map<String, Value>, required: &[&str], optional: &[&str])
 /// integers, an empty or non-string payload array, `dt` entries that are not safe integers or a `dt`
 /// whose length is not members − 1, or member seqs or times that leave the safe-integer range.
 pub fn decode_row(tag: RowTag, row: &Map<String, Value>) -> Result<Vec<Event>, LegacyError> {
-    let bad = |reason: &str| LegacyError::MalformedRow {
-        tag: tag.as_str(),
-        reason: reason.to_string(),
-    };
+    let bad = |reason: &str| malformed(tag, reason);
     if !has_exact_keys(row, &["type", "seq0", "time0", "data"]) {
         return Err(bad("envelope must be exactly {type, seq0, time0, data}"));
     }
@@ -133,28 +162,7 @@ pub fn decode_row(tag: RowTag, row: &Map<String, Value>) -> Result<Vec<Event>, L
     let Some(Value::Object(data)) = row.get("data") else {
         return Err(bad("data must be an object"));
     };
-    let payload_key = match tag {
-        RowTag::ToolCallChunks => {
-            let with_name =
-                has_exact_keys(data, &["turn", "step", "index", "id", "name", "dt", "args"]);
-            if !with_name && !has_exact_keys(data, &["turn", "step", "index", "id", "dt", "args"]) {
-                return Err(bad(
-                    "data must be exactly {turn, step, index, id, name?, dt, args}",
-                ));
-            }
-            let name_ok = !with_name || data.get("name").is_some_and(Value::is_string);
-            if !data.get("id").is_some_and(Value::is_string) || !name_ok {
-                return Err(bad("id (and name when present) must be strings"));
-            }
-            "args"
-        }
-        RowTag::TextChunks | RowTag::ReasoningChunks => {
-            if !has_exact_keys(data, &["turn", "step", "index", "dt", "texts"]) {
-                return Err(bad("data must be exactly {turn, step, index, dt, texts}"));
-            }
-            "texts"
-        }
-    };
+    let payload_key = payload_key(tag, data)?;
     let (Some(turn), Some(step), Some(index)) = (
         data.get("turn").and_then(Value::as_u64),
         data.get("step").and_then(Value::as_u64),
@@ -176,36 +184,12 @@ pub fn decode_row(tag: RowTag, row: &Map<String, Value>) -> Result<Vec<Event>, L
             )));
         }
     };
-    let dt: Vec<i64> = match data.get("dt") {
-        Some(Value::Array(gaps)) => gaps
-            .iter()
-            .map(safe_int)
-            .collect::<Option<Vec<i64>>>()
-            .ok_or_else(|| bad("dt must be an array of safe integers"))?,
-        _ => return Err(bad("dt must be an array of safe integers")),
-    };
-    if dt.len() + 1 != members.len() {
-        return Err(bad(&format!(
-            "dt length {} does not match {} members",
-            dt.len(),
-            members.len()
-        )));
-    }
+    let dt = member_gaps(tag, data.get("dt"), members.len())?;
     // `members.len() - 1` cannot overflow: `members` is non-empty.
     if !is_safe(seq0.saturating_add(members.len() as i64 - 1)) {
         return Err(bad("member seqs must stay safe integers"));
     }
-    let mut times = Vec::with_capacity(members.len());
-    let mut time = time0;
-    times.push(time);
-    for gap in &dt {
-        // Both operands are within ±2^53, so the i64 sum cannot overflow.
-        time += gap;
-        if !is_safe(time) {
-            return Err(bad("member times must stay safe integers"));
-        }
-        times.push(time);
-    }
+    let times = member_times(tag, time0, &dt)?;
     let id = data.get("id").and_then(Value::as_str);
     let name = data.get("name").and_then(Value::as_str);
     let seq0 = seq0.unsigned_abs();
@@ -242,10 +226,90 @@ pub fn decode_row(tag: RowTag, row: &Map<String, Value>) -> Result<Vec<Event>, L
         .collect())
 }
 
+/// A row of kind `tag` refused for `reason`.
+fn malformed(tag: RowTag, reason: &str) -> LegacyError {
+    LegacyError::MalformedRow {
+        tag: tag.as_str(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Checks a row's `data` key set against its tag; returns the key of its payload array (`args` for
+/// tool-call rows, `texts` for text and reasoning rows).
+fn payload_key(tag: RowTag, data: &Map<String, Value>) -> Result<&'static str, LegacyError> {
+    let bad = |reason: &str| malformed(tag, reason);
+    match tag {
+        RowTag::ToolCallChunks => {
+            let with_name =
+                has_exact_keys(data, &["turn", "step", "index", "id", "name", "dt", "args"]);
+            if !with_name && !has_exact_keys(data, &["turn", "step", "index", "id", "dt", "args"]) {
+                return Err(bad(
+                    "data must be exactly {turn, step, index, id, name?, dt, args}",
+                ));
+            }
+            let name_ok = !with_name || data.get("name").is_some_and(Value::is_string);
+            if !data.get("id").is_some_and(Value::is_string) || !name_ok {
+                return Err(bad("id (and name when present) must be strings"));
+            }
+            Ok("args")
+        }
+        RowTag::TextChunks | RowTag::ReasoningChunks => {
+            if !has_exact_keys(data, &["turn", "step", "index", "dt", "texts"]) {
+                return Err(bad("data must be exactly {turn, step, index, dt, texts}"));
+            }
+            Ok("texts")
+        }
+    }
+}
+
+/// The `dt` gaps between the times of a row's `n_members` members.
+///
+/// # Errors
+/// `MalformedRow` when `dt` is not an array of safe integers or does not hold `n_members - 1` gaps.
+fn member_gaps(tag: RowTag, dt: Option<&Value>, n_members: usize) -> Result<Vec<i64>, LegacyError> {
+    let bad = |reason: &str| malformed(tag, reason);
+    let dt: Vec<i64> = match dt {
+        Some(Value::Array(gaps)) => gaps
+            .iter()
+            .map(safe_int)
+            .collect::<Option<Vec<i64>>>()
+            .ok_or_else(|| bad("dt must be an array of safe integers"))?,
+        _ => return Err(bad("dt must be an array of safe integers")),
+    };
+    if dt.len() + 1 != n_members {
+        return Err(bad(&format!(
+            "dt length {} does not match {n_members} members",
+            dt.len()
+        )));
+    }
+    Ok(dt)
+}
+
+/// The time of each member: `time0`, then each previous time plus its gap.
+///
+/// # Errors
+/// `MalformedRow` when a time leaves the safe-integer range.
+fn member_times(tag: RowTag, time0: i64, dt: &[i64]) -> Result<Vec<i64>, LegacyError> {
+    let mut times = Vec::with_capacity(dt.len() + 1);
+    let mut time = time0;
+    times.push(time);
+    for gap in dt {
+        // Both operands are within ±2^53, so the i64 sum cannot overflow.
+        time += gap;
+        if !is_safe(time) {
+            return Err(malformed(tag, "member times must stay safe integers"));
+        }
+        times.push(time);
+    }
+    Ok(times)
+}
+
 /// One line of a packed log: an event verbatim, or a run of delta chunks packed into a row.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StorageRecord<'a> {
+    /// An event, written as it is.
     Event(&'a Event),
+    /// A run of delta chunks, written as one row.
     Row(ChunkRow),
 }
 
@@ -255,11 +319,17 @@ pub enum StorageRecord<'a> {
 /// than the member count; every member seq and time is a safe integer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChunkRow {
+    /// Which kind of delta the row packs.
     pub tag: RowTag,
+    /// The seq of the first member.
     pub seq0: u64,
+    /// The time of the first member.
     pub time0: i64,
+    /// The turn of every member.
     pub turn: u64,
+    /// The step of every member.
     pub step: u64,
+    /// The content block index of every member.
     pub index: u32,
     /// Milliseconds between consecutive members (may be negative: clocks step back).
     pub dt: Vec<i64>,

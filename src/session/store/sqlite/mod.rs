@@ -32,73 +32,63 @@
 //! is off), on a connection of its own beside the commits, so that a failed checkpoint sync poisons
 //! too instead of being ignored by SQLite.
 //!
-//! The read path. `load`, `inspect`, `list` and `header` read through a small pool of read-only
-//! connections on the blocking pool (WAL lets them run beside the writer). `load` and `inspect` scan
-//! the rows with `scan::Scanner` (torn tail vs corruption, validation, closers); `load` then commits
-//! the repair — cut the torn tail, append the closers — through the same group commit, and returns only
-//! once it is durable.
+//! The read path (`sqlite/read.rs`). `load`, `inspect`, `list` and `header` read through a small
+//! pool of query-only connections on the blocking pool (WAL lets them run beside the writer). `load`
+//! and `inspect` scan the rows with `scan::Scanner` in `Damage::Corrupt` mode: SQLite cannot tear a
+//! committed transaction, so an unreadable row is damage to acknowledged input, never a torn tail —
+//! the session is refused as `Corrupt`, naming every damaged seq, and nothing is deleted. `load` then
+//! commits the repair (the closers of an open last turn) through the same group commit, and returns
+//! only once it is durable. `survey` (and `list`) read each session's summary on its own, so a damaged
+//! page costs only the sessions on it.
+//!
+//! Read-only stores (`open_read_only`, for the commands that only look) have no writer and take no
+//! lock; their connections are opened `SQLITE_OPEN_READ_ONLY` (`sqlite/open.rs`, `ReadOnlyMode`), so
+//! they never checkpoint or delete the `-wal` and `-shm` a crash left, and they read a store the user
+//! can only read.
+//!
+//! Files: `open.rs` (the directory, the lock, connections, schema), `read.rs` (reads, scans, listing),
+//! `writer.rs` (the writer task and its commit jobs), `vfs.rs` (fault injection).
 //!
 //! Fault injection: with `SqliteConfig::fault_injection` every connection goes through the VFS in
-//! `sqlite/vfs.rs`, and `SqliteStore::faults` makes SQLite's own `xSync` fail or wait.
+//! `sqlite/vfs.rs`, and `SqliteStore::faults` makes SQLite's own `xSync` fail or wait. The VFS is
+//! compiled only with the `fault-injection` cargo feature (enabled for this package's tests through
+//! its dev-dependency on itself; release builds leave it out); without it, asking for fault injection
+//! is an `Io` error at open.
 
+mod open;
+mod read;
+#[cfg(feature = "fault-injection")]
 mod vfs;
 mod writer;
 
+pub use self::read::{DamagedSession, Survey};
+
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
-use std::io;
 use std::ops::{Deref, DerefMut};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use async_trait::async_trait;
-use rusqlite::types::ValueRef;
-use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use rusqlite::Connection;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tracing::{debug, error, warn};
+use tracing::{error, warn};
 
 use crate::ids::SessionId;
 use crate::limits::Limits;
-use crate::session::event::{Event, SessionHeader};
-use crate::session::store::scan::{RowRef, Scanned, Scanner, check_batch};
+use crate::session::event::SessionHeader;
+use crate::session::store::scan::check_batch;
 use crate::session::store::{
     EncodedEvent, Inspection, LoadedSession, SessionStore, SessionSummary, StoreError,
 };
 
-use self::vfs::FaultVfs;
-use self::writer::{Materialize, Op, Request, Writer, run_writer};
+use self::writer::{Materialize, Op, Request};
 
 /// The database file inside the data directory.
 pub const DB_FILE_NAME: &str = "sessions.sqlite3";
 /// The lock file inside the data directory; an open store holds an exclusive lock on it.
 pub const LOCK_FILE_NAME: &str = "sessions.lock";
-/// `PRAGMA application_id` of our databases ("DSH1"), so that we never write into someone else's file.
-const APPLICATION_ID: i32 = 0x4453_4831;
-/// `PRAGMA user_version`: the schema below.
-const SCHEMA_VERSION: i32 = 1;
-/// How long a connection waits for a lock held by another connection of this store (a checkpoint, a
-/// reader finishing) before it reports busy.
-const BUSY_TIMEOUT_MS: u64 = 5_000;
-/// How often `touch` re-reads a session whose map entry changed under it before giving up.
-const TOUCH_ATTEMPTS_MAX: u32 = 8;
-
-const SCHEMA: &str = "
-CREATE TABLE sessions (
-    id TEXT PRIMARY KEY NOT NULL,
-    created_at INTEGER NOT NULL,
-    header TEXT NOT NULL
-);
-CREATE TABLE events (
-    session_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    kind TEXT NOT NULL,
-    json TEXT NOT NULL,
-    PRIMARY KEY (session_id, seq)
-);
-";
 
 /// How a `SqliteStore` is set up. `SqliteConfig::default()` is what the runtime uses.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,7 +111,8 @@ pub struct SqliteConfig {
     /// 16 MiB.
     pub checkpoint_after_bytes: u64,
     /// Route every file operation through a wrapping VFS whose `xSync` tests can make fail or wait
-    /// (`SqliteStore::faults`). Off in production.
+    /// (`SqliteStore::faults`). Off in production; needs a build with the `fault-injection` feature
+    /// (`open` refuses it otherwise).
     pub fault_injection: bool,
 }
 
@@ -166,12 +157,14 @@ struct Counters {
 }
 
 /// Makes SQLite's own fsync fail or wait, for tests. Only exists on a store opened with
-/// `SqliteConfig::fault_injection`.
+/// `SqliteConfig::fault_injection`, in a build with the `fault-injection` feature.
+#[cfg(feature = "fault-injection")]
 #[derive(Clone)]
 pub struct FaultInjector {
-    vfs: Arc<FaultVfs>,
+    vfs: Vfs,
 }
 
+#[cfg(feature = "fault-injection")]
 impl FaultInjector {
     /// While set, every `xSync` returns `SQLITE_IOERR_FSYNC` without syncing.
     pub fn fail_syncs(&self, fail: bool) {
@@ -199,6 +192,7 @@ impl FaultInjector {
     }
 }
 
+#[cfg(feature = "fault-injection")]
 impl std::fmt::Debug for FaultInjector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FaultInjector")
@@ -207,12 +201,48 @@ impl std::fmt::Debug for FaultInjector {
     }
 }
 
+/// The fault VFS a connection was opened through, kept alive as long as the connection.
+#[cfg(feature = "fault-injection")]
+type Vfs = Arc<vfs::FaultVfs>;
+
+/// Without the `fault-injection` feature no connection goes through a VFS of ours, so there is
+/// nothing to keep alive: an `Option<Vfs>` is always `None`.
+#[cfg(not(feature = "fault-injection"))]
+enum Vfs {}
+
+/// The name a VFS is registered under, for `Connection::open_with_flags_and_vfs`.
+#[cfg(feature = "fault-injection")]
+fn vfs_name(vfs: &Vfs) -> &str {
+    vfs.name()
+}
+
+/// The name a VFS is registered under (there is none without the `fault-injection` feature).
+#[cfg(not(feature = "fault-injection"))]
+fn vfs_name(vfs: &Vfs) -> &str {
+    match *vfs {}
+}
+
 /// A connection that keeps the fault VFS it was opened through alive, and closes explicitly.
 struct Db {
     /// Invariant: `Some` until `Drop`.
     conn: Option<Connection>,
     /// Declared after `conn`: the VFS must outlive the connection (`sqlite/vfs.rs`).
-    vfs: Option<Arc<FaultVfs>>,
+    #[cfg(feature = "fault-injection")]
+    vfs: Option<Vfs>,
+}
+
+impl Db {
+    /// Wraps a connection opened through `vfs` (our fault VFS, if any), keeping it alive as long.
+    fn new(conn: Connection, vfs: Option<&Vfs>) -> Db {
+        // Without the feature there is no VFS of ours to keep (an `Option<Vfs>` is always `None`).
+        #[cfg(not(feature = "fault-injection"))]
+        let _ = vfs;
+        Db {
+            conn: Some(conn),
+            #[cfg(feature = "fault-injection")]
+            vfs: vfs.cloned(),
+        }
+    }
 }
 
 impl Deref for Db {
@@ -240,6 +270,7 @@ impl Drop for Db {
             warn!(error = %e, "closing a store connection failed; leaking it");
             // An unclosed handle may still refer to the VFS: keep both alive forever.
             std::mem::forget(conn);
+            #[cfg(feature = "fault-injection")]
             std::mem::forget(self.vfs.take());
         }
     }
@@ -288,7 +319,7 @@ struct Shared {
     read_only: bool,
     /// Idle read connections, at most `config.readers_idle_max`.
     readers: Mutex<Vec<Db>>,
-    vfs: Option<Arc<FaultVfs>>,
+    vfs: Option<Vfs>,
     counters: Counters,
 }
 
@@ -337,7 +368,8 @@ impl Shared {
             .pop();
         match idle {
             Some(db) => Ok(db),
-            None => open_reader(&self.db_path, self.vfs.as_ref()),
+            None if self.read_only => open::open_read_only_connection(&self.db_path),
+            None => open::open_reader(&self.db_path, self.vfs.as_ref()),
         }
     }
 
@@ -390,291 +422,14 @@ fn sql_error(op: &'static str, e: &rusqlite::Error) -> StoreError {
     io_error(op, describe(e))
 }
 
-fn open_connection(path: &Path, vfs: Option<&Arc<FaultVfs>>) -> rusqlite::Result<Db> {
-    // Each connection is used by one thread at a time (the writer job, or one read job).
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-        | OpenFlags::SQLITE_OPEN_CREATE
-        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = match vfs {
-        Some(v) => Connection::open_with_flags_and_vfs(path, flags, v.name())?,
-        None => Connection::open_with_flags(path, flags)?,
-    };
-    let db = Db {
-        conn: Some(conn),
-        vfs: vfs.cloned(),
-    };
-    db.busy_timeout(std::time::Duration::from_millis(BUSY_TIMEOUT_MS))?;
-    Ok(db)
-}
-
-fn open_reader(path: &Path, vfs: Option<&Arc<FaultVfs>>) -> rusqlite::Result<Db> {
-    let db = open_connection(path, vfs)?;
-    db.pragma_update(None, "query_only", true)?;
-    Ok(db)
-}
-
-/// Opens the connection that runs the writer's checkpoints beside its commits: it syncs the database
-/// file (`synchronous=FULL`) and never writes rows.
-fn open_checkpointer(path: &Path, vfs: Option<&Arc<FaultVfs>>) -> rusqlite::Result<Db> {
-    let db = open_connection(path, vfs)?;
-    db.pragma_update(None, "synchronous", "FULL")?;
-    db.pragma_update(None, "wal_autocheckpoint", 0)?;
-    Ok(db)
-}
-
-/// Opens the write connection: WAL, `synchronous=FULL`, our own checkpoints, and the schema (created
-/// on a fresh file, checked on an existing one).
-fn open_writer(path: &Path, vfs: Option<&Arc<FaultVfs>>) -> Result<Db, StoreError> {
-    let op = "open";
-    let mut db = open_connection(path, vfs).map_err(|e| sql_error(op, &e))?;
-    let mode: String = db
-        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-        .map_err(|e| sql_error(op, &e))?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(io_error(
-            op,
-            format!("sqlite refused WAL mode (got {mode})"),
-        ));
-    }
-    db.pragma_update(None, "synchronous", "FULL")
-        .and_then(|()| db.pragma_update(None, "wal_autocheckpoint", 0))
-        .map_err(|e| sql_error(op, &e))?;
-    let tx = db
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(|e| sql_error(op, &e))?;
-    let app_id: i32 = tx
-        .query_row("PRAGMA application_id", [], |r| r.get(0))
-        .map_err(|e| sql_error(op, &e))?;
-    let version: i32 = tx
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(|e| sql_error(op, &e))?;
-    let n_tables: i64 = tx
-        .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
-        .map_err(|e| sql_error(op, &e))?;
-    match (app_id, version) {
-        (0, 0) if n_tables == 0 => {
-            tx.execute_batch(SCHEMA).map_err(|e| sql_error(op, &e))?;
-            tx.pragma_update(None, "application_id", APPLICATION_ID)
-                .and_then(|()| tx.pragma_update(None, "user_version", SCHEMA_VERSION))
-                .map_err(|e| sql_error(op, &e))?;
-        }
-        (APPLICATION_ID, SCHEMA_VERSION) => {}
-        (APPLICATION_ID, v) => {
-            return Err(io_error(
-                op,
-                format!(
-                    "{} has schema version {v}, this build reads only {SCHEMA_VERSION}",
-                    path.display()
-                ),
-            ));
-        }
-        (id, _) => {
-            return Err(io_error(
-                op,
-                format!(
-                    "{} is not a dsh session store (application_id {id:#x}, {n_tables} tables)",
-                    path.display()
-                ),
-            ));
-        }
-    }
-    tx.commit().map_err(|e| sql_error(op, &e))?;
-    Ok(db)
-}
-
-/// Creates the data directory (0700) if needed.
-fn create_dir(dir: &Path) -> io::Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-}
-
-/// Takes the exclusive lock on the lock file.
-///
-/// The lock (`flock`) belongs to the open file description, which a child process shares between
-/// `fork` and `exec` (the descriptor is close-on-exec, so only for that instant). A store closed and
-/// reopened in a process that spawns children concurrently can therefore find its own old lock held
-/// for a moment: retry a bounded number of times before concluding another process holds it.
-fn lock_exclusive(lock: &File) -> Result<(), std::fs::TryLockError> {
-    const ATTEMPTS_MAX: u32 = 50;
-    const PAUSE_MS: u64 = 2;
-    let mut attempt = 1;
-    loop {
-        match lock.try_lock() {
-            Err(std::fs::TryLockError::WouldBlock) if attempt < ATTEMPTS_MAX => {
-                attempt += 1;
-                std::thread::sleep(std::time::Duration::from_millis(PAUSE_MS));
-            }
-            result => return result,
-        }
-    }
-}
-
-/// Makes the directory entries of files created in `dir` durable.
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
 impl SqliteStore {
-    /// Opens (creating if needed) the store in `dir`. Must be called inside a tokio runtime: it
-    /// spawns the writer task.
-    ///
-    /// # Errors
-    /// `Io` when the directory or database cannot be created or opened, another process holds the
-    /// store, the file is not a dsh store or has another schema version, the configuration is
-    /// invalid, or there is no tokio runtime.
-    pub fn open(dir: &Path, config: SqliteConfig) -> Result<SqliteStore, StoreError> {
-        let op = "open";
-        if config.queue_requests_max == 0 {
-            return Err(io_error(op, "queue_requests_max must be at least 1"));
-        }
-        if config.queue_bytes_max == 0 || config.queue_bytes_max > u32::MAX as usize {
-            return Err(io_error(
-                op,
-                format!(
-                    "queue_bytes_max is {}, it must be in 1..={}",
-                    config.queue_bytes_max,
-                    u32::MAX
-                ),
-            ));
-        }
-        let runtime = tokio::runtime::Handle::try_current()
-            .map_err(|_| io_error(op, "SqliteStore::open needs a tokio runtime"))?;
-        create_dir(dir).map_err(|e| io_error(op, format!("{}: {e}", dir.display())))?;
-        let lock_path = dir.join(LOCK_FILE_NAME);
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&lock_path)
-            .map_err(|e| io_error(op, format!("{}: {e}", lock_path.display())))?;
-        lock_exclusive(&lock).map_err(|e| {
-            io_error(
-                op,
-                format!("{} is in use by another process ({e})", dir.display()),
-            )
-        })?;
-        let db_path = dir.join(DB_FILE_NAME);
-        // Create the file ourselves so that it (and the -wal and -shm files, which SQLite gives the
-        // database's permissions) is private to the user.
-        OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&db_path)
-            .map_err(|e| io_error(op, format!("{}: {e}", db_path.display())))?;
-        let vfs = if config.fault_injection {
-            static N_VFS: AtomicU64 = AtomicU64::new(0);
-            let name = format!(
-                "dsh-fault-{}-{}",
-                std::process::id(),
-                N_VFS.fetch_add(1, Ordering::Relaxed)
-            );
-            Some(Arc::new(
-                FaultVfs::register(&name).map_err(|e| io_error(op, e))?,
-            ))
-        } else {
-            None
-        };
-        let db = open_writer(&db_path, vfs.as_ref())?;
-        sync_dir(dir).map_err(|e| io_error(op, format!("{}: {e}", dir.display())))?;
-        let (tx, rx) = mpsc::channel(config.queue_requests_max);
-        let bytes = Arc::new(Semaphore::new(config.queue_bytes_max));
-        let shared = Arc::new(Shared {
-            dir: dir.to_path_buf(),
-            db_path,
-            config,
-            sessions: Mutex::new(Sessions {
-                slots: HashMap::new(),
-                epoch: 0,
-            }),
-            poison: OnceLock::new(),
-            closed: AtomicBool::new(false),
-            read_only: false,
-            readers: Mutex::new(Vec::new()),
-            vfs,
-            counters: Counters::default(),
-        });
-        let writer = Writer {
-            db,
-            _lock: lock,
-            wal_bytes_since_checkpoint: 0,
-        };
-        let task = runtime.spawn(run_writer(Arc::clone(&shared), rx, writer));
-        debug!(dir = %shared.dir.display(), "session store opened");
-        Ok(SqliteStore {
-            shared,
-            tx,
-            bytes,
-            writer: Mutex::new(Some(task)),
-        })
-    }
-
-    /// Opens an existing store in `dir` for reading only: no writer, no lock, so it works while
-    /// another process owns the store (WAL lets readers run beside its writer). Every write —
-    /// including the repair a `load` would append — is refused; use `inspect` to read.
-    ///
-    /// # Errors
-    /// `Io` when `dir` holds no store, or the file is not a dsh store of this schema version.
-    pub fn open_read_only(dir: &Path, config: SqliteConfig) -> Result<SqliteStore, StoreError> {
-        let op = "open";
-        let db_path = dir.join(DB_FILE_NAME);
-        if !db_path.is_file() {
-            return Err(io_error(
-                op,
-                format!("{} holds no session store", dir.display()),
-            ));
-        }
-        let db = open_reader(&db_path, None).map_err(|e| sql_error(op, &e))?;
-        let app_id: i32 = db
-            .query_row("PRAGMA application_id", [], |r| r.get(0))
-            .map_err(|e| sql_error(op, &e))?;
-        let version: i32 = db
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(|e| sql_error(op, &e))?;
-        if (app_id, version) != (APPLICATION_ID, SCHEMA_VERSION) {
-            return Err(io_error(
-                op,
-                format!(
-                    "{} is not a dsh session store of schema version {SCHEMA_VERSION} (application_id {app_id:#x}, version {version})",
-                    db_path.display()
-                ),
-            ));
-        }
-        // No receiver: nothing is ever queued (`writable` refuses first).
-        let (tx, _) = mpsc::channel(1);
-        let shared = Arc::new(Shared {
-            dir: dir.to_path_buf(),
-            db_path,
-            config,
-            sessions: Mutex::new(Sessions {
-                slots: HashMap::new(),
-                epoch: 0,
-            }),
-            poison: OnceLock::new(),
-            closed: AtomicBool::new(false),
-            read_only: true,
-            readers: Mutex::new(vec![db]),
-            vfs: None,
-            counters: Counters::default(),
-        });
-        Ok(SqliteStore {
-            shared,
-            tx,
-            bytes: Arc::new(Semaphore::new(1)),
-            writer: Mutex::new(None),
-        })
-    }
-
     /// The database file.
     pub fn db_path(&self) -> &Path {
         &self.shared.db_path
     }
 
     /// The fault injector, when the store was opened with `SqliteConfig::fault_injection`.
+    #[cfg(feature = "fault-injection")]
     pub fn faults(&self) -> Option<FaultInjector> {
         self.shared.vfs.as_ref().map(|vfs| FaultInjector {
             vfs: Arc::clone(vfs),
@@ -742,58 +497,29 @@ impl SqliteStore {
         Ok(())
     }
 
-    /// Runs `f` with a read connection on the blocking pool.
-    async fn read<T, F>(&self, op: &'static str, f: F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection, &SqliteConfig) -> Result<T, StoreError> + Send + 'static,
-    {
-        self.shared.readable()?;
-        let shared = Arc::clone(&self.shared);
-        tokio::task::spawn_blocking(move || {
-            let db = shared.take_reader().map_err(|e| sql_error(op, &e))?;
-            let out = f(&db, &shared.config);
-            shared.put_reader(db);
-            out
-        })
-        .await
-        .map_err(|e| io_error(op, format!("the read job failed: {e}")))?
-    }
-
-    /// Makes sure the session map holds `id` if the database does: after this returns, an id absent
-    /// from the map is neither registered nor stored.
-    async fn touch(&self, id: &SessionId) -> Result<(), StoreError> {
-        for _ in 0..TOUCH_ATTEMPTS_MAX {
-            let epoch = {
-                let sessions = self.shared.sessions();
-                if sessions.slots.contains_key(id) {
-                    return Ok(());
-                }
-                sessions.epoch
-            };
-            let key = id.clone();
-            let stored = self
-                .read("read session", move |conn, _| read_slot(conn, &key))
-                .await?;
-            let mut sessions = self.shared.sessions();
-            if sessions.slots.contains_key(id) {
-                return Ok(());
-            }
-            if sessions.epoch != epoch {
-                // A delete committed while we read: our answer may predate it. Read again.
-                continue;
-            }
-            if let Some((header, next_seq)) = stored {
-                sessions
-                    .slots
-                    .insert(id.clone(), Slot::Active { header, next_seq });
-            }
-            return Ok(());
-        }
-        Err(io_error(
-            "read session",
-            format!("session {id} kept changing during {TOUCH_ATTEMPTS_MAX} reads"),
-        ))
+    /// Every stored session that can be read, like `list`, and the ones that cannot (a damaged
+    /// page, an invalid header) with the reason, so that one damaged session does not hide the
+    /// others.
+    ///
+    /// # Errors
+    /// `Closed`; `Io` when the session table cannot be read at all.
+    pub async fn survey(&self) -> Result<Survey, StoreError> {
+        let mut survey = self
+            .read("list", |conn, _| read::list_sessions(conn))
+            .await?;
+        let sessions = self.shared.sessions();
+        survey
+            .sessions
+            .retain(|s| !matches!(sessions.slots.get(&s.header.id), Some(Slot::Deleted)));
+        survey.damaged.retain(|d| {
+            !matches!(
+                SessionId::new(&d.id)
+                    .ok()
+                    .and_then(|id| sessions.slots.get(&id)),
+                Some(Slot::Deleted)
+            )
+        });
+        Ok(survey)
     }
 
     /// Waits for room in the queue (request slot and byte budget). Cancel-safe: nothing is reserved
@@ -835,153 +561,6 @@ impl SqliteStore {
             }),
         }
     }
-
-    /// Reads and scans a session (no writes). A session only registered (nothing stored yet) scans
-    /// as an empty log.
-    async fn scan(&self, id: &SessionId) -> Result<(SessionHeader, Scanned), StoreError> {
-        self.touch(id).await?;
-        let header = {
-            let sessions = self.shared.sessions();
-            match sessions.slots.get(id) {
-                None | Some(Slot::Deleted) => return Err(StoreError::NotFound { id: id.clone() }),
-                Some(Slot::Registered { header }) => {
-                    return Ok((
-                        header.clone(),
-                        Scanned {
-                            events: Vec::new(),
-                            torn_tail: None,
-                            raw_end: 0,
-                            closers: Vec::new(),
-                        },
-                    ));
-                }
-                Some(Slot::Active { header, .. }) => header.clone(),
-            }
-        };
-        let key = id.clone();
-        let scanned = self
-            .read("load", move |conn, config| {
-                scan_rows(conn, &key, &config.limits)
-            })
-            .await?;
-        Ok((header, scanned))
-    }
-}
-
-/// The stored header and next seq of a session, if it is stored.
-fn read_slot(
-    conn: &Connection,
-    id: &SessionId,
-) -> Result<Option<(SessionHeader, u64)>, StoreError> {
-    let op = "read session";
-    let row: Option<(String, Option<i64>)> = conn
-        .prepare_cached(
-            "SELECT header, (SELECT max(seq) FROM events WHERE session_id = ?1) \
-             FROM sessions WHERE id = ?1",
-        )
-        .and_then(|mut stmt| {
-            stmt.query_row([id.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()
-        })
-        .map_err(|e| sql_error(op, &e))?;
-    let Some((header_json, max_seq)) = row else {
-        return Ok(None);
-    };
-    let header: SessionHeader =
-        serde_json::from_str(&header_json).map_err(|e| StoreError::Corrupt {
-            id: id.clone(),
-            seq: 0,
-            reason: format!("the stored session header is invalid: {e}"),
-        })?;
-    let next_seq = max_seq.map_or(0, |s| u64::try_from(s).map_or(0, |s| s.saturating_add(1)));
-    Ok(Some((header, next_seq)))
-}
-
-/// Reads a session's rows in seq order (at most one more than the limit) through the scanner.
-fn scan_rows(conn: &Connection, id: &SessionId, limits: &Limits) -> Result<Scanned, StoreError> {
-    let op = "load";
-    let mut stmt = conn
-        .prepare_cached(
-            "SELECT seq, kind, octet_length(json), \
-                    CASE WHEN octet_length(json) <= ?2 THEN json END \
-             FROM events WHERE session_id = ?1 ORDER BY seq LIMIT ?3",
-        )
-        .map_err(|e| sql_error(op, &e))?;
-    let bytes_max = i64::try_from(limits.event_bytes_max).unwrap_or(i64::MAX);
-    let rows_max = i64::try_from(Scanner::rows_to_read_max(limits)).unwrap_or(i64::MAX);
-    let mut rows = stmt
-        .query(params![id.as_str(), bytes_max, rows_max])
-        .map_err(|e| sql_error(op, &e))?;
-    let mut scanner = Scanner::new(id.clone(), limits);
-    while let Some(row) = rows.next().map_err(|e| sql_error(op, &e))? {
-        let seq = match row.get_ref(0) {
-            Ok(ValueRef::Integer(s)) => u64::try_from(s).ok(),
-            _ => None,
-        };
-        let kind = match row.get_ref(1) {
-            Ok(ValueRef::Text(k)) => std::str::from_utf8(k).ok(),
-            _ => None,
-        };
-        let bytes = match row.get_ref(2) {
-            Ok(ValueRef::Integer(n)) => u64::try_from(n).unwrap_or(0),
-            _ => 0,
-        };
-        let json = match row.get_ref(3) {
-            Ok(ValueRef::Text(j)) => Some(j),
-            _ => None,
-        };
-        scanner.push(RowRef {
-            seq,
-            kind,
-            bytes,
-            json,
-        })?;
-    }
-    scanner.finish()
-}
-
-/// `list`, in one read transaction.
-fn list_sessions(conn: &Connection) -> Result<Vec<SessionSummary>, StoreError> {
-    let op = "list";
-    let tx = conn
-        .unchecked_transaction()
-        .map_err(|e| sql_error(op, &e))?;
-    let mut out = Vec::new();
-    {
-        let mut sessions = tx
-            .prepare("SELECT id, header FROM sessions ORDER BY created_at, rowid")
-            .map_err(|e| sql_error(op, &e))?;
-        let mut last = tx
-            .prepare("SELECT seq, json FROM events WHERE session_id = ?1 ORDER BY seq DESC LIMIT 1")
-            .map_err(|e| sql_error(op, &e))?;
-        let mut rows = sessions.query([]).map_err(|e| sql_error(op, &e))?;
-        while let Some(row) = rows.next().map_err(|e| sql_error(op, &e))? {
-            let id: String = row.get(0).map_err(|e| sql_error(op, &e))?;
-            let header_json: String = row.get(1).map_err(|e| sql_error(op, &e))?;
-            let header: SessionHeader = match serde_json::from_str(&header_json) {
-                Ok(h) => h,
-                Err(e) => {
-                    warn!(session = %id, error = %e, "skipping a session with an invalid stored header");
-                    continue;
-                }
-            };
-            let tail: Option<(i64, String)> = last
-                .query_row([id.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()
-                .map_err(|e| sql_error(op, &e))?;
-            // A session whose every row was cut as a torn tail has no durable event: not listed.
-            let Some((last_seq, last_json)) = tail else {
-                continue;
-            };
-            out.push(SessionSummary {
-                header,
-                n_events: u64::try_from(last_seq).map_or(0, |s| s.saturating_add(1)),
-                last_time: Event::from_json(&last_json).ok().map(|e| e.time),
-            });
-        }
-    }
-    tx.finish().map_err(|e| sql_error(op, &e))?;
-    Ok(out)
 }
 
 #[async_trait]
@@ -1127,9 +706,11 @@ impl SessionStore for SqliteStore {
                 }
             }
             permit.send(Request {
-                op: Op::Repair {
+                // The repair only appends the closers: SQLite's scan never finds a torn tail to cut
+                // (an unreadable row is `Corrupt`).
+                op: Op::Append {
                     id: id.clone(),
-                    cut_from: scanned.torn_tail.as_ref().map(|(seq, _)| *seq),
+                    materialize: None,
                     events: closers,
                 },
                 reply,
@@ -1139,9 +720,6 @@ impl SessionStore for SqliteStore {
                 .counters
                 .n_requests_queued
                 .fetch_add(1, Ordering::SeqCst);
-        }
-        if let Some((seq, reason)) = &scanned.torn_tail {
-            warn!(session = %id, seq, %reason, "cutting a torn tail");
         }
         self.answer(answer).await?;
         let n_repaired = scanned.closers.len();
@@ -1165,10 +743,11 @@ impl SessionStore for SqliteStore {
     }
 
     async fn list(&self) -> Result<Vec<SessionSummary>, StoreError> {
-        let mut out = self.read("list", |conn, _| list_sessions(conn)).await?;
-        let sessions = self.shared.sessions();
-        out.retain(|s| !matches!(sessions.slots.get(&s.header.id), Some(Slot::Deleted)));
-        Ok(out)
+        let survey = self.survey().await?;
+        for d in &survey.damaged {
+            warn!(session = %d.id, reason = %d.reason, "not listing a session that cannot be read");
+        }
+        Ok(survey.sessions)
     }
 
     async fn delete(&self, id: &SessionId) -> Result<bool, StoreError> {

@@ -1,0 +1,495 @@
+//! The agents' side of a run: creating them, one driver task per agent sending followups, steers
+//! and cancels, the observer thread sampling step and steer latencies, and the simulated tool.
+
+use super::*;
+
+/// The simulated tool: waits `--tool-ms` (or until cancelled) and answers.
+pub(super) struct WaitTool {
+    pub(super) duration: Duration,
+}
+
+#[async_trait::async_trait]
+impl Tool for WaitTool {
+    fn name(&self) -> &str {
+        TOOL_NAME
+    }
+
+    fn description(&self) -> &str {
+        "Waits a moment, as a tool that does real work would."
+    }
+
+    fn parameters(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": "object",
+            "properties": {"note": {"type": "string", "maxLength": 16}},
+            "required": ["note"]
+        })
+    }
+
+    fn execution_mode(&self, _args: &ToolArgs) -> ExecutionMode {
+        ExecutionMode::Parallel
+    }
+
+    async fn execute(&self, _call: ToolInvocation, cancel: CancellationToken) -> ToolOutput {
+        if !self.duration.is_zero() {
+            tokio::select! {
+                () = tokio::time::sleep(self.duration) => {}
+                () = cancel.cancelled() => return ToolOutput::error("cancelled", None),
+            }
+        }
+        ToolOutput::text("done")
+    }
+}
+
+/// SplitMix64, seeded per agent so that which turns get a steer or a cancel depends only on
+/// `--seed` and the agent's index.
+pub(super) fn agent_rng(seed: u64, agent_idx: usize) -> SplitMix64 {
+    SplitMix64::new(seed ^ (agent_idx as u64).wrapping_mul(0xD1B5_4A32_D192_ED03))
+}
+
+/// What one driver measured.
+#[derive(Default)]
+pub(super) struct DriverTally {
+    pub(super) ack_ns: Vec<u64>,
+    pub(super) cancel_to_idle_ns: Vec<u64>,
+    pub(super) followups: u64,
+    pub(super) steers: u64,
+    pub(super) cancels: u64,
+}
+
+/// Steers sent and not yet claimed or discarded: message id → when `steer` was called.
+pub(super) type SteersInFlight = Arc<DashMap<MessageId, Instant>>;
+
+pub(super) async fn drive(
+    agent: AgentHandle,
+    agent_idx: usize,
+    plan: Arc<SimPlan>,
+    steers: Option<SteersInFlight>,
+    progress: Arc<Counters>,
+) -> Result<DriverTally, SimError> {
+    let fail = |error| SimError::Input { agent_idx, error };
+    let mut rng = agent_rng(plan.seed, agent_idx);
+    let mut tally = DriverTally {
+        ack_ns: Vec::with_capacity(plan.turns_per_agent),
+        ..DriverTally::default()
+    };
+    if plan.ramp_ms > 0 {
+        let delay_ms = rng.next_u64() % plan.ramp_ms;
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+    }
+    for turn_idx in 0..plan.turns_per_agent {
+        let prompt = Message::user_text(
+            MessageId::mint(),
+            format!("Turn {}: tell me how the log stays durable.", turn_idx + 1),
+        );
+        let started = Instant::now();
+        agent.followup(prompt).await.map_err(fail)?;
+        tally.ack_ns.push(ns(started.elapsed()));
+        tally.followups += 1;
+        if rng.chance(plan.steer_rate) {
+            let id = MessageId::mint();
+            let steer = Message::user_text(id.clone(), "Also mention group commit.");
+            let started = Instant::now();
+            if let Some(steers) = &steers {
+                steers.insert(id, started);
+            }
+            agent.steer(steer).await.map_err(fail)?;
+            tally.ack_ns.push(ns(started.elapsed()));
+            tally.steers += 1;
+        }
+        if rng.chance(plan.cancel_rate) {
+            let started = Instant::now();
+            agent.cancel(CancelCause::User, false).await.map_err(fail)?;
+            agent.when_idle().await.map_err(fail)?;
+            tally.cancel_to_idle_ns.push(ns(started.elapsed()));
+            tally.cancels += 1;
+        }
+        agent.when_idle().await.map_err(fail)?;
+        progress.turns_driven.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(tally)
+}
+
+/// What the host-wide observer saw.
+#[derive(Default)]
+pub(super) struct ObserverTally {
+    pub(super) step_ns: Vec<u64>,
+    pub(super) steer_to_claim_ns: Vec<u64>,
+    pub(super) steers_claimed: u64,
+    pub(super) steers_discarded: u64,
+    pub(super) turns_started_by_followup: u64,
+    pub(super) turns_started_by_steer: u64,
+    pub(super) turn_ends: BTreeMap<String, u64>,
+    pub(super) lagged: u64,
+    pub(super) failures: Vec<(String, String)>,
+}
+
+pub(super) struct Observer {
+    pub(super) tally: ObserverTally,
+    pub(super) steers: SteersInFlight,
+    /// Per agent: when its open step's `step/start` was observed.
+    pub(super) step_started: HashMap<SessionId, Instant>,
+    /// Per agent: the turn of its last observed claim, and whether only steers were claimed in it
+    /// so far. A followup is only ever claimed at its turn's first step, so a turn that claims one
+    /// was started by it, even when a steer's claim in the same step was observed first.
+    pub(super) last_claim: HashMap<SessionId, (u64, bool)>,
+}
+
+impl Observer {
+    pub(super) fn observe(&mut self, item: Observation) {
+        let now = Instant::now();
+        match item {
+            Observation::Lagged(n) => self.tally.lagged += n,
+            Observation::Item(Observed::Event { agent, event }) => match &event.data {
+                EventData::StepStart(_) => {
+                    self.step_started.insert(agent, now);
+                }
+                EventData::StepEnd(_) => {
+                    if let Some(started) = self.step_started.remove(&agent) {
+                        self.tally.step_ns.push(ns(now - started));
+                    }
+                }
+                EventData::TurnEnd(end) => {
+                    *self
+                        .tally
+                        .turn_ends
+                        .entry(end.reason.kind().to_string())
+                        .or_default() += 1;
+                }
+                _ => {}
+            },
+            Observation::Item(Observed::Live { agent, event }) => match event {
+                LiveEvent::InboxClaimed { message, turn } => {
+                    let steer = self.steers.remove(&message.id);
+                    if let Some((_, sent)) = &steer {
+                        self.tally.steers_claimed += 1;
+                        self.tally.steer_to_claim_ns.push(ns(now - *sent));
+                    }
+                    let is_steer = steer.is_some();
+                    match self.last_claim.get_mut(&agent) {
+                        Some((last_turn, only_steers)) if *last_turn == turn => {
+                            if *only_steers && !is_steer {
+                                *only_steers = false;
+                                self.tally.turns_started_by_steer -= 1;
+                                self.tally.turns_started_by_followup += 1;
+                            }
+                        }
+                        _ => {
+                            self.last_claim.insert(agent, (turn, is_steer));
+                            if is_steer {
+                                self.tally.turns_started_by_steer += 1;
+                            } else {
+                                self.tally.turns_started_by_followup += 1;
+                            }
+                        }
+                    }
+                }
+                LiveEvent::InboxDiscarded(message) if self.steers.remove(&message.id).is_some() => {
+                    self.tally.steers_discarded += 1;
+                }
+                _ => {}
+            },
+            Observation::Item(Observed::Failed { agent, reason }) => {
+                self.tally.failures.push((agent.to_string(), reason));
+            }
+            Observation::Item(Observed::Restarted { .. }) => {}
+        }
+    }
+}
+
+/// Runs the observer on a thread of its own: as one task among 20,000 agents and drivers it would
+/// be polled too rarely to keep up, and lag (losing samples) instead of measuring. It stops once
+/// `stop` fires and everything already buffered is read.
+pub(super) fn spawn_observer(
+    subscriptions: Vec<Subscription>,
+    steers: SteersInFlight,
+    stop: CancellationToken,
+) -> Result<std::thread::JoinHandle<ObserverTally>, SimError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| SimError::Task(format!("observer runtime: {e}")))?;
+    let streams = subscriptions.into_iter().map(|sub| {
+        Box::pin(futures::stream::unfold(sub, |mut sub| async move {
+            sub.next().await.map(|item| (item, sub))
+        }))
+    });
+    let mut items = futures::stream::select_all(streams);
+    std::thread::Builder::new()
+        .name("dsh-sim-observer".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let mut observer = Observer {
+                    tally: ObserverTally::default(),
+                    steers,
+                    step_started: HashMap::new(),
+                    last_claim: HashMap::new(),
+                };
+                loop {
+                    tokio::select! {
+                        biased;
+                        item = items.next() => match item {
+                            Some(item) => observer.observe(item),
+                            None => break,
+                        },
+                        () = stop.cancelled() => {
+                            // Everything published before the stop is buffered: drain it.
+                            while let Some(Some(item)) = items.next().now_or_never() {
+                                observer.observe(item);
+                            }
+                            break;
+                        }
+                    }
+                }
+                observer.tally
+            })
+        })
+        .map_err(|e| SimError::Task(format!("observer thread: {e}")))
+}
+
+/// Runs the measured part of a simulation on a started host: creates the agents, drives their
+/// turns, waits until they hibernated, measures the store's ceiling, and assembles the report.
+pub(super) async fn run_agents(
+    plan: &Arc<SimPlan>,
+    store: &SimStore,
+    host: &Host,
+    progress: &Progress,
+) -> Result<SimReport, SimError> {
+    let counters = Arc::clone(&progress.counters);
+    counters
+        .agents_total
+        .store(plan.agents as u64, Ordering::Relaxed);
+    counters.turns_total.store(
+        (plan.agents as u64).saturating_mul(plan.turns_per_agent as u64),
+        Ordering::Relaxed,
+    );
+    let steers: SteersInFlight = Arc::new(DashMap::new());
+    trim_heap();
+    let (rss_before_bytes, _) = memory_status();
+    progress.phase("creating agents");
+    let fleet = create_agents(plan, host, &counters).await?;
+    let sample = observe_sample(plan, &fleet.agents, &steers)?;
+
+    progress.phase("turns");
+    let turns = run_turns(plan, store, host, progress, &fleet.agents, &sample, &steers).await;
+    sample.stop.cancel();
+    let observed = tokio::task::spawn_blocking(move || sample.observer.join())
+        .await
+        .map_err(|e| SimError::Task(e.to_string()))?
+        .map_err(|_| SimError::Task("the observer thread panicked".into()))?;
+    if let Some((agent, reason)) = observed.failures.first() {
+        return Err(SimError::AgentFailed {
+            agent: agent.clone(),
+            reason: reason.clone(),
+        });
+    }
+    let turns = turns?;
+
+    progress.phase("hibernating");
+    let memory =
+        measure_memory(plan, &fleet.agents, rss_before_bytes, sample.observer_bytes).await?;
+    let store_ceiling = if plan.ceiling_ms == 0 {
+        None
+    } else {
+        progress.phase("measuring the store ceiling");
+        let event_bytes = mean_event_bytes(&store.shared(), fleet.agents[0].id()).await?;
+        let batch_events = (turns.events as f64 / turns.appends.max(1) as f64)
+            .round()
+            .max(1.0) as usize;
+        Some(
+            store_ceiling(
+                &store.shared(),
+                plan.agents,
+                batch_events,
+                event_bytes,
+                Duration::from_millis(plan.ceiling_ms),
+            )
+            .await?,
+        )
+    };
+    Ok(SimReport::assemble(
+        plan,
+        &fleet,
+        sample.observer_bytes,
+        turns,
+        memory,
+        store_ceiling,
+        observed,
+    ))
+}
+
+/// The agents of a run, and how fast they were created.
+pub(super) struct Fleet {
+    /// Every agent, in index order.
+    pub(super) agents: Vec<AgentHandle>,
+    /// Agents created per second, one after the other.
+    pub(super) created_per_sec: f64,
+}
+
+/// Creates the run's agents one after the other, counting them for the progress line.
+async fn create_agents(
+    plan: &SimPlan,
+    host: &Host,
+    counters: &Counters,
+) -> Result<Fleet, SimError> {
+    let created_at = Instant::now();
+    let mut agents = Vec::with_capacity(plan.agents);
+    let mut config = AgentConfig::new("sim", "sim-1");
+    config.system = Some("You are a simulated agent under load.".to_string());
+    for agent_idx in 0..plan.agents {
+        let id = SessionId::new(&format!("sim-{agent_idx:07}"))
+            .map_err(|e| SimError::Task(format!("agent id: {e}")))?;
+        agents.push(
+            host.create(AgentSpec::new(config.clone()).with_id(id))
+                .await?,
+        );
+        counters.agents_created.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(Fleet {
+        agents,
+        created_per_sec: per_sec(plan.agents as u64, created_at.elapsed()),
+    })
+}
+
+/// The observed sample of agents and the observer thread reading their subscriptions.
+struct Sample {
+    /// Whether each agent (by index) is observed.
+    observed: Vec<bool>,
+    observer: std::thread::JoinHandle<ObserverTally>,
+    /// Stops the observer once everything buffered is read.
+    stop: CancellationToken,
+    /// Resident memory the subscriptions' buffers took, left out of the per-agent figure.
+    observer_bytes: u64,
+}
+
+/// Subscribes to a sample of agents, spread evenly, and starts the observer. Only a sample is
+/// observed: observing costs each observed agent a copy of every event and a channel send, which
+/// would otherwise be measured as the runtime's own cost.
+fn observe_sample(
+    plan: &SimPlan,
+    agents: &[AgentHandle],
+    steers: &SteersInFlight,
+) -> Result<Sample, SimError> {
+    let mut observed = vec![false; plan.agents];
+    for k in 0..plan.observe_agents {
+        observed[k * plan.agents / plan.observe_agents] = true;
+    }
+    let (rss_unobserved_bytes, _) = memory_status();
+    let subscriptions: Vec<Subscription> = agents
+        .iter()
+        .zip(&observed)
+        .filter(|(_, observed)| **observed)
+        .map(|(agent, _)| agent.subscribe())
+        .collect();
+    let (rss_observed_bytes, _) = memory_status();
+    let observer_bytes = match (rss_unobserved_bytes, rss_observed_bytes) {
+        (Some(before), Some(after)) => after.saturating_sub(before),
+        _ => 0,
+    };
+    let stop = CancellationToken::new();
+    let observer = spawn_observer(subscriptions, Arc::clone(steers), stop.clone())?;
+    Ok(Sample {
+        observed,
+        observer,
+        stop,
+        observer_bytes,
+    })
+}
+
+/// What the turns phase measured.
+pub(super) struct TurnsPhase {
+    /// Wall time of the phase.
+    pub(super) elapsed: Duration,
+    /// Turns the host ran.
+    pub(super) turns: u64,
+    /// Events the host made durable.
+    pub(super) events: u64,
+    /// Appends the store took.
+    pub(super) appends: u64,
+    /// Commit groups the store made (sqlite only).
+    pub(super) store_groups: Option<u64>,
+    /// Each driver's measurements.
+    pub(super) tallies: Vec<DriverTally>,
+}
+
+/// Drives every agent through its turns at once and measures the phase.
+async fn run_turns(
+    plan: &Arc<SimPlan>,
+    store: &SimStore,
+    host: &Host,
+    progress: &Progress,
+    agents: &[AgentHandle],
+    sample: &Sample,
+    steers: &SteersInFlight,
+) -> Result<TurnsPhase, SimError> {
+    let appends_before = store.n_appends();
+    let groups_before = store.n_groups();
+    let turns_before = host.metrics().turns();
+    let events_before = host.metrics().events();
+    let (mirror, mirror_stop) = mirror_metrics(host, progress);
+    let started = Instant::now();
+    let drivers: Vec<_> = agents
+        .iter()
+        .enumerate()
+        .map(|(agent_idx, agent)| {
+            tokio::spawn(drive(
+                agent.clone(),
+                agent_idx,
+                Arc::clone(plan),
+                sample.observed[agent_idx].then(|| Arc::clone(steers)),
+                Arc::clone(&progress.counters),
+            ))
+        })
+        .collect();
+    let mut tallies = Vec::with_capacity(drivers.len());
+    let mut first_error = None;
+    for driver in drivers {
+        match driver.await {
+            Ok(Ok(tally)) => tallies.push(tally),
+            Ok(Err(e)) => {
+                first_error.get_or_insert(e);
+            }
+            Err(e) => {
+                first_error.get_or_insert(SimError::Task(e.to_string()));
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    mirror_stop.cancel();
+    let _ = mirror.await;
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    Ok(TurnsPhase {
+        elapsed,
+        turns: host.metrics().turns() - turns_before,
+        events: host.metrics().events() - events_before,
+        appends: store.n_appends().saturating_sub(appends_before),
+        store_groups: store
+            .n_groups()
+            .zip(groups_before)
+            .map(|(after, before)| after.saturating_sub(before)),
+        tallies,
+    })
+}
+
+/// Copies the host's durable-event count to the progress line every 100 ms until stopped.
+fn mirror_metrics(
+    host: &Host,
+    progress: &Progress,
+) -> (tokio::task::JoinHandle<()>, CancellationToken) {
+    let metrics_mirror = Arc::clone(&progress.metrics_events);
+    let stop = CancellationToken::new();
+    let host = host.clone();
+    let stopped = stop.clone();
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        while !stopped.is_cancelled() {
+            tokio::select! {
+                () = stopped.cancelled() => {}
+                _ = tick.tick() => metrics_mirror.store(host.metrics().events(), Ordering::Relaxed),
+            }
+        }
+    });
+    (task, stop)
+}
