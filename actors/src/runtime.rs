@@ -110,7 +110,7 @@ impl Runtime {
     pub(crate) fn agent_hooks(&self, agent: &Hooks) -> Hooks {
         let mut hooks = self.hooks.layered(agent);
         if let Some(retry) = &self.retry
-            && !(self.retry_yields_to_hooks && !hooks.request_error.is_empty())
+            && (!self.retry_yields_to_hooks || hooks.request_error.is_empty())
         {
             hooks.request_error.push(Arc::clone(retry));
         }
