@@ -18,6 +18,7 @@ mod retries;
 pub mod run;
 pub mod scenario;
 pub mod secret;
+pub mod serve;
 mod sessions;
 mod show;
 pub mod sim;
@@ -87,6 +88,8 @@ pub enum Command {
     Import(ImportArgs),
     /// Run scenario files (black-box conformance).
     Scenario(ScenarioArgs),
+    /// Serve the HTTP API and web page of SPEC §13 over a host of agents.
+    Serve(serve::ServeArgs),
 }
 
 /// Flags of `dsh sim`.
@@ -312,5 +315,6 @@ async fn dispatch(command: Command, config: Config) -> Result<ExitCode, CliError
             command: ScenarioCommand::Run { check, files },
         }) => scenario::run_files(check, &files).await,
         Command::Sim(args) => sim::run(&args, &config, &mut std::io::stdout()).await,
+        Command::Serve(args) => serve::run(args, config).await,
     }
 }
