@@ -16,6 +16,18 @@ pub enum InputError {
     /// The agent's inbox refused the input (too large, too many pending, unknown message id, ...).
     #[error("input refused: {0}")]
     Refused(#[from] AdmitError),
+    /// No agent with this id is registered.
+    #[error("agent {id} not found")]
+    NotFound {
+        /// The agent asked for.
+        id: SessionId,
+    },
+    /// An agent with this id already exists.
+    #[error("agent {id} already exists")]
+    AlreadyExists {
+        /// The agent that exists.
+        id: SessionId,
+    },
     /// The agent refuses all input: its store failed, or it exceeded its restart intensity.
     #[error("agent {id} refuses input: {reason}")]
     Failed {
