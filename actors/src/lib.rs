@@ -21,6 +21,8 @@
 //! observer channel). The slot reaches the host only through the `SlotHost` trait, and the session
 //! writer receives only its write fence from the slot.
 
+#![warn(missing_docs)]
+
 mod agent;
 mod error;
 mod handle;
