@@ -452,9 +452,19 @@ async fn death_helper() {
     if std::env::var_os("DSH_MCP_DEATH_HELPER").is_none() {
         return;
     }
-    let Some(server) = everything_stdio(None).await else {
+    let Some((node, index)) = everything() else {
         return;
     };
+    // A server that outlives the end of its input (the everything server alone exits when its
+    // stdin closes, which would hide a missing parent-death signal): `sh` runs it, then `sleep`s
+    // in its place under the same pid.
+    let entry = stdio_entry(
+        "sh",
+        &["-c", "\"$0\" \"$1\" stdio; exec sleep 600", &node, &index],
+        None,
+    );
+    let server = McpServer::new(entry.check("every").expect("entry"));
+    server.connect().await.expect("starts");
     let pid = server.status().pid.expect("a process");
     println!("server pid {pid}");
     std::future::pending::<()>().await;
