@@ -474,3 +474,70 @@ fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.local_addr().expect("addr").port()
 }
+
+/// dsh's API keys never reach a server's environment unless its entry names them: the test runs
+/// this binary again (`env_helper`) with both keys set, and reads what the everything server's
+/// `get-env` tool sees.
+#[test]
+fn a_server_gets_dshs_api_keys_only_when_its_entry_names_them() {
+    if everything().is_none() {
+        return;
+    }
+    let seen = |mode: &str| -> String {
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", "env_helper", "--nocapture", "--test-threads=1"])
+            .env("DSH_MCP_ENV_HELPER", mode)
+            .env("DEEPSEEK_API_KEY", "sk-deepseek-secret")
+            .env("OPENAI_API_KEY", "sk-openai-secret")
+            .output()
+            .expect("run the helper");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (_, env) = stdout
+            .split_once("server env: ")
+            .unwrap_or_else(|| panic!("the helper printed the server's environment: {stdout}"));
+        env.lines().next().unwrap_or("").to_string()
+    };
+    let inherited = seen("inherit");
+    assert!(inherited.contains("\"PATH\""), "{inherited}");
+    assert!(!inherited.contains("sk-deepseek-secret"), "{inherited}");
+    assert!(!inherited.contains("sk-openai-secret"), "{inherited}");
+    let named = seen("named");
+    assert!(
+        named.contains("\"OPENAI_API_KEY\":\"sk-for-the-server\""),
+        "{named}"
+    );
+    assert!(!named.contains("sk-deepseek-secret"), "{named}");
+}
+
+/// The host process of `a_server_gets_dshs_api_keys_only_when_its_entry_names_them`. Without
+/// `DSH_MCP_ENV_HELPER` it does nothing.
+#[tokio::test]
+async fn env_helper() {
+    let Some(mode) = std::env::var_os("DSH_MCP_ENV_HELPER") else {
+        return;
+    };
+    let Some((node, index)) = everything() else {
+        return;
+    };
+    let mut entry = stdio_entry(&node, &[&index, "stdio"], None);
+    if mode == "named" {
+        entry.env = Some(
+            [(
+                "OPENAI_API_KEY".to_string(),
+                "sk-for-the-server".to_string(),
+            )]
+            .into(),
+        );
+    }
+    let server = McpServer::new(entry.check("every").expect("entry"));
+    server.connect().await.expect("starts");
+    let out = tool(&server, "get-env")
+        .execute(
+            invocation("every__get-env", "c1", json!({})),
+            CancellationToken::new(),
+        )
+        .await;
+    let env: serde_json::Value = serde_json::from_str(&text_of(&out)).expect("JSON text");
+    println!("server env: {env}");
+    server.stop().await;
+}
