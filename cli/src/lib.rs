@@ -19,6 +19,7 @@ mod retries;
 pub mod run;
 pub mod scenario;
 pub mod secret;
+pub mod serve;
 mod sessions;
 mod show;
 pub mod sim;
@@ -90,6 +91,8 @@ pub enum Command {
     Scenario(ScenarioArgs),
     /// Model Context Protocol servers (`[mcp_servers.NAME]` in `dsh.toml`).
     Mcp(McpArgs),
+    /// Serve the HTTP API and web page of SPEC §13 over a host of agents.
+    Serve(serve::ServeArgs),
 }
 
 /// Flags of `dsh sim`.
@@ -336,5 +339,6 @@ async fn dispatch(command: Command, config: Config) -> Result<ExitCode, CliError
         }) => scenario::run_files(check, &files).await,
         Command::Sim(args) => sim::run(&args, &config, &mut std::io::stdout()).await,
         Command::Mcp(args) => mcp::run(args, config).await,
+        Command::Serve(args) => serve::run(args, config).await,
     }
 }

@@ -89,13 +89,13 @@ impl LiveAgent {
 }
 
 /// A provider ready to register, with the model it defaults to.
-struct Built {
-    provider: Arc<dyn Provider>,
-    model: String,
-    gates: Option<Gates>,
+pub(crate) struct Built {
+    pub(crate) provider: Arc<dyn Provider>,
+    pub(crate) model: String,
+    pub(crate) gates: Option<Gates>,
 }
 
-fn build_provider(config: &Config, script: Option<&Path>) -> Result<Built, CliError> {
+pub(crate) fn build_provider(config: &Config, script: Option<&Path>) -> Result<Built, CliError> {
     let name = if script.is_some() {
         "script"
     } else {

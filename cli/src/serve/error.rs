@@ -1,0 +1,202 @@
+//! `ApiError`: every refusal of the HTTP API, as SPEC §13 shapes it — a status and a body
+//! `{"error":{"code":"…","message":"…"}}` — built from the runtime's and the store's typed errors.
+//!
+//! The mapping is the one place that decides which status a failure gets, so every handler answers
+//! the same failure the same way: bad input 400 (the message names the field), unknown session 404,
+//! an existing id 409, a body or message over its bound 413, a full inbox 429 with `Retry-After`,
+//! and 503 when the store is poisoned or the server drains.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use dsh::inbox::AdmitError;
+use dsh::session::store::StoreError;
+use dsh_actors::{HostError, InputError};
+use serde::Serialize;
+
+/// Seconds a client is told to wait (`Retry-After`) before sending to a full inbox again.
+pub const RETRY_AFTER_SECS: u32 = 1;
+
+/// One refusal: the HTTP status, a stable machine-readable code and a one-line message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    /// The HTTP status of the answer.
+    pub status: StatusCode,
+    /// A stable code (`bad_request`, `not_found`, `session_exists`, ...) clients can branch on.
+    pub code: &'static str,
+    /// What went wrong, for people; names the offending field for bad input.
+    pub message: String,
+}
+
+/// The JSON body of an error answer.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// The error itself.
+    pub error: ErrorDetail,
+}
+
+/// `{code, message}` inside an error answer.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// The stable code.
+    pub code: String,
+    /// The one-line message.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with this status, code and message.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// 400 `bad_request`: the body or a parameter is malformed; `message` names the field.
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    /// 404 `not_found` for an unknown session.
+    pub fn session_not_found(id: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("session {id} not found"),
+        )
+    }
+
+    /// 413 `too_large`.
+    pub fn too_large(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+    }
+
+    /// 503 `draining`: the server is shutting down and takes no new input.
+    pub fn draining() -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "draining",
+            "the server is shutting down and takes no new input",
+        )
+    }
+
+    /// 501 `not_implemented`.
+    pub fn not_implemented(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_IMPLEMENTED, "not_implemented", message)
+    }
+
+    /// The answer for a store failure.
+    pub fn from_store(e: &StoreError) -> ApiError {
+        match e {
+            StoreError::NotFound { id } => ApiError::session_not_found(id.as_str()),
+            StoreError::AlreadyExists { id } => ApiError::new(
+                StatusCode::CONFLICT,
+                "session_exists",
+                format!("session {id} already exists"),
+            ),
+            StoreError::Poisoned { .. } | StoreError::Closed => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                e.to_string(),
+            ),
+            StoreError::EventTooLarge { .. } | StoreError::LogTooLong { .. } => {
+                ApiError::too_large(e.to_string())
+            }
+            _ => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "store_error",
+                e.to_string(),
+            ),
+        }
+    }
+
+    /// The answer for a host failure (creating or resuming an agent).
+    pub fn from_host(e: &HostError) -> ApiError {
+        match e {
+            HostError::AlreadyExists { id } => ApiError::new(
+                StatusCode::CONFLICT,
+                "session_exists",
+                format!("session {id} already exists"),
+            ),
+            HostError::NotFound { id } => ApiError::session_not_found(id.as_str()),
+            HostError::Store(s) => ApiError::from_store(s),
+            HostError::ShutDown => ApiError::draining(),
+            _ => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "agent_error",
+                e.to_string(),
+            ),
+        }
+    }
+
+    /// The answer for a refused input; `field` names the body field that carried the message.
+    pub fn from_input(e: &InputError, field: &str) -> ApiError {
+        match e {
+            InputError::Refused(admit) => ApiError::from_admit(admit, field),
+            InputError::NotFound { id } | InputError::Disposed { id } => {
+                ApiError::session_not_found(id.as_str())
+            }
+            InputError::AlreadyExists { id } => ApiError::new(
+                StatusCode::CONFLICT,
+                "session_exists",
+                format!("session {id} already exists"),
+            ),
+            InputError::Busy { .. } => ApiError::new(StatusCode::CONFLICT, "busy", e.to_string()),
+            InputError::Failed { .. } | InputError::Store { .. } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                e.to_string(),
+            ),
+            _ => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "interrupted",
+                e.to_string(),
+            ),
+        }
+    }
+
+    /// The answer for a message the inbox refused.
+    fn from_admit(e: &AdmitError, field: &str) -> ApiError {
+        match e {
+            AdmitError::InboxFull { .. } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "inbox_full", e.to_string())
+            }
+            AdmitError::TooLarge { .. } => ApiError::too_large(format!("field `{field}`: {e}")),
+            AdmitError::AlreadyPending { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "duplicate_id", e.to_string())
+            }
+            _ => ApiError::bad_request(format!("field `{field}`: {e}")),
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}: {}",
+            self.status.as_u16(),
+            self.code,
+            self.message
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_string(),
+                message: self.message,
+            },
+        };
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        }
+        response
+    }
+}

@@ -1,0 +1,224 @@
+//! `GET /v1/sessions/{id}/events`: a session's durable events as server-sent events (SPEC §13).
+//!
+//! Each SSE event is one durable event: `id:` its seq, `event:` its type, `data:` its v0 JSON. The
+//! stream starts after `Last-Event-ID` (a reconnect) or `after=SEQ`, else at seq 0; it replays the
+//! durable log and then follows the agent live, with no gap and no duplicate: the subscription is
+//! opened *before* the log is read, and live events at or below the last seq sent are skipped.
+//! `follow=false` ends at the last event durable when the request came.
+//!
+//! A slow client never slows the agent nor grows memory: the agent publishes into a bounded buffer
+//! per subscriber, and a producer task moves events into a small bounded channel the response
+//! drains. When the client falls so far behind that the buffer overflows, the stream ends with an
+//! `event: resume` whose data names the last seq sent; reconnecting with `Last-Event-ID` (what a
+//! browser's `EventSource` does on its own) replays the rest from the store.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use dsh::session::Event;
+use dsh::session::store::SessionStore;
+use dsh::session::store::sqlite::SqliteStore;
+use dsh::turn::Status;
+use dsh_actors::{AgentHandle, Observation, Observed, Subscription};
+use futures::Stream;
+use serde::Deserialize;
+use tokio::sync::mpsc;
+
+use super::error::ApiError;
+use super::state::AppState;
+
+/// Events buffered between the producer task and the response body.
+const CHANNEL_CAPACITY: usize = 64;
+
+/// The name of the final event that tells a lagging client to reconnect.
+pub const RESUME_EVENT: &str = "resume";
+
+/// `GET /v1/sessions/{id}/events` query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Start after this seq (`Last-Event-ID` wins when both are given).
+    pub after: Option<u64>,
+    /// Keep the stream open for new events (default true).
+    pub follow: Option<bool>,
+}
+
+/// Where a stream starts and whether it follows.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    /// The first seq to send.
+    from: u64,
+    /// Whether to follow live events after the replay.
+    follow: bool,
+}
+
+/// `GET /v1/sessions/{id}/events`.
+#[utoipa::path(get, path = "/v1/sessions/{id}/events", params(("id" = String, Path, description = "The session id"), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq"), EventsQuery), responses((status = 200, description = "One SSE event per durable event: `id:` seq, `event:` type, `data:` v0 JSON", content_type = "text/event-stream", body = String), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody)))]
+pub async fn events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let Query(query) =
+        query.map_err(|e| ApiError::bad_request(format!("query: {}", e.body_text())))?;
+    let last_event_id = match headers.get("last-event-id") {
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .ok_or_else(|| ApiError::bad_request("header `Last-Event-ID`: not a seq"))?,
+        ),
+        None => None,
+    };
+    let plan = Plan {
+        from: last_event_id
+            .or(query.after)
+            .map_or(0, |s| s.saturating_add(1)),
+        follow: query.follow.unwrap_or(true),
+    };
+    let handle = state.agent(&id).await?;
+    let subscription = plan.follow.then(|| handle.subscribe());
+    let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+    let end = state.inner.streams_end.clone();
+    let gauge = state.inner.metrics.sse_subscribers.clone();
+    gauge.inc();
+    let store = Arc::clone(state.store());
+    tokio::spawn(async move {
+        let _open = OpenStream(gauge);
+        let next = match replay(&handle, plan.from, &tx).await {
+            Some(next) => next,
+            None => return,
+        };
+        if let Some(sub) = subscription {
+            tokio::select! {
+                () = follow(&handle, &store, sub, next, &tx) => {}
+                () = end.cancelled() => {}
+                () = tx.closed() => {}
+            }
+        }
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|event| (Ok(event), rx))
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(state.inner.settings.keep_alive)))
+}
+
+/// Counts an open stream in the `sse_subscribers` gauge while it lives.
+struct OpenStream(prometheus_client::metrics::gauge::Gauge<i64, std::sync::atomic::AtomicI64>);
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// The SSE form of a durable event.
+fn sse_event(event: &Event) -> SseEvent {
+    SseEvent::default()
+        .id(event.seq.to_string())
+        .event(event.kind())
+        .data(event.to_json())
+}
+
+/// Sends the durable events from `from` on; returns the next seq to send, or `None` when the
+/// client went away or the log cannot be read (the stream then ends).
+async fn replay(handle: &AgentHandle, from: u64, tx: &mpsc::Sender<SseEvent>) -> Option<u64> {
+    let log = handle.log().await.ok()?;
+    let status = handle.status().await.ok()?;
+    let mut durable = status.durable_seq;
+    let logged = log.last().map_or(0, |e| e.seq + 1);
+    if durable < logged && status.status == Status::Idle {
+        // Events handed to the writer before the subscription opened are never published to it.
+        // A running agent writes more (at least its `turn/end`), and the gap before that is read
+        // from the log then; an idle one writes nothing more, so wait for these to be durable.
+        handle.when_idle().await.ok()?;
+        durable = logged;
+    }
+    let mut next = from;
+    for event in log.iter().filter(|e| e.seq >= from && e.seq < durable) {
+        tx.send(sse_event(event)).await.ok()?;
+        next = event.seq + 1;
+    }
+    Some(next.max(from.min(durable)))
+}
+
+/// Follows live durable events from seq `next` until the agent goes away or the client lags.
+async fn follow(
+    handle: &AgentHandle,
+    store: &SqliteStore,
+    mut sub: Subscription,
+    mut next: u64,
+    tx: &mpsc::Sender<SseEvent>,
+) {
+    while let Some(observation) = sub.next().await {
+        match observation {
+            Observation::Item(Observed::Event { event, .. }) => {
+                if event.seq < next {
+                    continue;
+                }
+                if event.seq > next {
+                    // Events already handed to the writer when the subscription opened are not
+                    // published to it; they are durable now (seqs become durable in order), so the
+                    // log has them.
+                    match fill_gap(handle, store, next, event.seq, tx).await {
+                        Some(()) => next = event.seq,
+                        None => {
+                            let _ = tx.send(resume_event(next)).await;
+                            return;
+                        }
+                    }
+                }
+                if tx.send(sse_event(&event)).await.is_err() {
+                    return;
+                }
+                next += 1;
+            }
+            Observation::Item(_) => {}
+            Observation::Lagged(n) => {
+                tracing::debug!(
+                    missed = n,
+                    next,
+                    "event stream lagged; telling the client to resume"
+                );
+                let _ = tx.send(resume_event(next)).await;
+                return;
+            }
+        }
+    }
+}
+
+/// Sends the events `from..to` from the agent's log (or, when the agent is stopping, from the
+/// store: they are durable); `None` when neither has them or the client went away.
+async fn fill_gap(
+    handle: &AgentHandle,
+    store: &SqliteStore,
+    from: u64,
+    to: u64,
+    tx: &mpsc::Sender<SseEvent>,
+) -> Option<()> {
+    let log = match handle.log().await {
+        Ok(log) if log.len() as u64 >= to => log,
+        _ => store.inspect(handle.id()).await.ok()?.events,
+    };
+    let start = usize::try_from(from).ok()?;
+    let end = usize::try_from(to).ok()?;
+    let missing = log.get(start..end)?;
+    for event in missing {
+        tx.send(sse_event(event)).await.ok()?;
+    }
+    Some(())
+}
+
+/// The final event of a stream that fell behind: reconnect after the last seq received.
+fn resume_event(next: u64) -> SseEvent {
+    let last = next.checked_sub(1);
+    let data = serde_json::json!({ "reason": "lagged", "last_event_id": last });
+    SseEvent::default()
+        .event(RESUME_EVENT)
+        .data(data.to_string())
+}

@@ -1,0 +1,294 @@
+//! Input to one agent over HTTP: followup, steer, inject (202 `{message_id, seq}` once durable),
+//! cancel, and removing or replacing a pending message (SPEC §13).
+//!
+//! Idempotency: a message id that the log already shows spliced into the inbox is not sent again;
+//! the answer is 200 with the first answer (`message_id` and the seq of that `agent/inbox/spliced`
+//! event). The log is the record, so this holds across server restarts. The per-session input lock
+//! makes the check and the send one step.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use dsh::MessageId;
+use dsh::llm::types::Message;
+use dsh::session::Event;
+use dsh::session::event::{CancelCause, EventData};
+use dsh_actors::AgentHandle;
+use serde::{Deserialize, Serialize};
+
+use super::body::JsonBody;
+use super::error::ApiError;
+use super::state::AppState;
+
+/// Which inbox operation an input request is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputKind {
+    /// Its own turn, FIFO; wakes the agent.
+    Followup,
+    /// The nearest step boundary; wakes the agent.
+    Steer,
+    /// The next boundary of whatever turn runs next; does not wake.
+    Inject,
+}
+
+impl InputKind {
+    /// The kind's name, as in the path.
+    pub fn name(self) -> &'static str {
+        match self {
+            InputKind::Followup => "followup",
+            InputKind::Steer => "steer",
+            InputKind::Inject => "inject",
+        }
+    }
+}
+
+/// Body of followup/steer/inject and of replacing a pending message: `{text}` or `{message}`, with
+/// an optional message `id`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputBody {
+    /// The message id (minted when absent); a repeat of an applied id is not applied again.
+    pub id: Option<String>,
+    /// Plain text: a user message with one text block.
+    pub text: Option<String>,
+    /// A whole user message (DSH v0 shape); its `id` is replaced by `id` when that is given.
+    #[schema(value_type = Option<Object>)]
+    pub message: Option<Message>,
+}
+
+/// `202`/`200` answer of an input.
+#[derive(Debug, Serialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct InputAck {
+    /// The message's id.
+    pub message_id: String,
+    /// Seq of the durable `agent/inbox/spliced` event that queued it.
+    pub seq: u64,
+}
+
+/// `POST /v1/sessions/{id}/cancel` body.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBody {
+    /// Keep the pending input (default false: it is durably discarded).
+    pub keep_inbox: Option<bool>,
+}
+
+/// `202` answer of a cancel.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct CancelAck {
+    /// Always true: the cancel is recorded.
+    pub cancelled: bool,
+}
+
+/// `200` answer of removing or replacing a pending message.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct InboxAck {
+    /// The id of the message that was pending.
+    pub message_id: String,
+    /// The replacement's id (replace only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replaced_by: Option<String>,
+}
+
+impl InputBody {
+    /// The message this body describes, or a 400 naming the field.
+    fn into_message(self) -> Result<Message, ApiError> {
+        let id = match &self.id {
+            Some(s) => Some(
+                MessageId::new(s).map_err(|e| ApiError::bad_request(format!("field `id`: {e}")))?,
+            ),
+            None => None,
+        };
+        match (self.text, self.message) {
+            (Some(text), None) => Ok(Message::user_text(id.unwrap_or_else(MessageId::mint), text)),
+            (None, Some(mut message)) => {
+                if let Some(id) = id {
+                    message.id = id;
+                }
+                Ok(message)
+            }
+            (Some(_), Some(_)) => Err(ApiError::bad_request(
+                "field `text`: give either `text` or `message`, not both",
+            )),
+            (None, None) => Err(ApiError::bad_request(
+                "field `text`: missing (give `text` or `message`)",
+            )),
+        }
+    }
+}
+
+/// `POST /v1/sessions/{id}/followup`.
+#[utoipa::path(post, path = "/v1/sessions/{id}/followup", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining", body = crate::serve::error::ErrorBody)))]
+pub async fn followup(
+    state: State<AppState>,
+    path: Path<String>,
+    body: JsonBody<InputBody>,
+) -> Result<(StatusCode, Json<InputAck>), ApiError> {
+    send(state, path, body, InputKind::Followup).await
+}
+
+/// `POST /v1/sessions/{id}/steer`.
+#[utoipa::path(post, path = "/v1/sessions/{id}/steer", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining", body = crate::serve::error::ErrorBody)))]
+pub async fn steer(
+    state: State<AppState>,
+    path: Path<String>,
+    body: JsonBody<InputBody>,
+) -> Result<(StatusCode, Json<InputAck>), ApiError> {
+    send(state, path, body, InputKind::Steer).await
+}
+
+/// `POST /v1/sessions/{id}/inject`.
+#[utoipa::path(post, path = "/v1/sessions/{id}/inject", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining", body = crate::serve::error::ErrorBody)))]
+pub async fn inject(
+    state: State<AppState>,
+    path: Path<String>,
+    body: JsonBody<InputBody>,
+) -> Result<(StatusCode, Json<InputAck>), ApiError> {
+    send(state, path, body, InputKind::Inject).await
+}
+
+/// Sends one input: 202 once durable, or 200 with the first answer for an id already applied.
+async fn send(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<InputBody>,
+    kind: InputKind,
+) -> Result<(StatusCode, Json<InputAck>), ApiError> {
+    state.accepting()?;
+    let started = std::time::Instant::now();
+    // Only an id the client chose can repeat; a minted one needs no look-up.
+    let client_id = body.id.is_some() || body.message.is_some();
+    let message = body.into_message()?;
+    let handle = state.agent(&id).await?;
+    let lock = state.input_lock(handle.id());
+    let _guard = lock.lock().await;
+    let message_id = message.id.clone();
+    if client_id && let Some(seq) = spliced_seq(&handle, &message_id).await? {
+        return Ok((StatusCode::OK, Json(ack(&message_id, seq))));
+    }
+    let sent = match kind {
+        InputKind::Followup => handle.followup(message).await,
+        InputKind::Steer => handle.steer(message).await,
+        InputKind::Inject => handle.inject(message).await,
+    };
+    sent.map_err(|e| ApiError::from_input(&e, "message"))?;
+    let seq = spliced_seq(&handle, &message_id).await?.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("message {message_id} was acknowledged but its splice is not in the log"),
+        )
+    })?;
+    state
+        .inner
+        .metrics
+        .input(kind.name(), Some(started.elapsed()));
+    tracing::debug!(session = %handle.id(), kind = kind.name(), seq, "input acknowledged");
+    Ok((StatusCode::ACCEPTED, Json(ack(&message_id, seq))))
+}
+
+fn ack(id: &MessageId, seq: u64) -> InputAck {
+    InputAck {
+        message_id: id.to_string(),
+        seq,
+    }
+}
+
+/// The seq of the `agent/inbox/spliced` event that inserted message `id`, if the log has one.
+async fn spliced_seq(handle: &AgentHandle, id: &MessageId) -> Result<Option<u64>, ApiError> {
+    let log = handle
+        .log()
+        .await
+        .map_err(|e| ApiError::from_input(&e, "id"))?;
+    Ok(log.iter().rev().find(|e| inserts(e, id)).map(|e| e.seq))
+}
+
+/// Whether `event` is a splice that inserted message `id`.
+fn inserts(event: &Event, id: &MessageId) -> bool {
+    match &event.data {
+        EventData::InboxSpliced(s) => s.inserted.iter().any(|m| &m.id == id),
+        _ => false,
+    }
+}
+
+/// `POST /v1/sessions/{id}/cancel`: 202 once the cancel is recorded.
+#[utoipa::path(post, path = "/v1/sessions/{id}/cancel", params(("id" = String, Path, description = "The session id")), request_body = CancelBody, responses((status = 202, description = "Recorded", body = CancelAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining", body = crate::serve::error::ErrorBody)))]
+pub async fn cancel(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<CancelBody>,
+) -> Result<(StatusCode, Json<CancelAck>), ApiError> {
+    let handle = state.agent(&id).await?;
+    handle
+        .cancel(CancelCause::User, body.keep_inbox.unwrap_or(false))
+        .await
+        .map_err(|e| ApiError::from_input(&e, "id"))?;
+    state.inner.metrics.input("cancel", None);
+    tracing::debug!(session = %handle.id(), "cancel recorded");
+    Ok((StatusCode::ACCEPTED, Json(CancelAck { cancelled: true })))
+}
+
+/// The pending message id of an inbox path.
+fn pending_id(s: &str) -> Result<MessageId, ApiError> {
+    MessageId::new(s).map_err(|e| ApiError::bad_request(format!("message id: {e}")))
+}
+
+/// 404 `not_pending`.
+fn not_pending(id: &MessageId) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_pending",
+        format!("message {id} is not pending"),
+    )
+}
+
+/// `DELETE /v1/sessions/{id}/inbox/{message_id}`.
+#[utoipa::path(delete, path = "/v1/sessions/{id}/inbox/{message_id}", params(("id" = String, Path, description = "The session id"), ("message_id" = String, Path, description = "The pending message id")), responses((status = 200, description = "Removed", body = InboxAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session, or the message is not pending", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining", body = crate::serve::error::ErrorBody)))]
+pub async fn remove(
+    State(state): State<AppState>,
+    Path((id, message_id)): Path<(String, String)>,
+) -> Result<Json<InboxAck>, ApiError> {
+    state.accepting()?;
+    let message_id = pending_id(&message_id)?;
+    let handle = state.agent(&id).await?;
+    let removed = handle
+        .remove(message_id.clone())
+        .await
+        .map_err(|e| ApiError::from_input(&e, "message_id"))?;
+    if !removed {
+        return Err(not_pending(&message_id));
+    }
+    state.inner.metrics.input("remove", None);
+    Ok(Json(InboxAck {
+        message_id: message_id.to_string(),
+        replaced_by: None,
+    }))
+}
+
+/// `PUT /v1/sessions/{id}/inbox/{message_id}` `{text}` or `{message}`.
+#[utoipa::path(put, path = "/v1/sessions/{id}/inbox/{message_id}", params(("id" = String, Path, description = "The session id"), ("message_id" = String, Path, description = "The pending message id")), request_body = InputBody, responses((status = 200, description = "Replaced", body = InboxAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session, or the message is not pending", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining", body = crate::serve::error::ErrorBody)))]
+pub async fn replace(
+    State(state): State<AppState>,
+    Path((id, message_id)): Path<(String, String)>,
+    JsonBody(body): JsonBody<InputBody>,
+) -> Result<Json<InboxAck>, ApiError> {
+    state.accepting()?;
+    let message_id = pending_id(&message_id)?;
+    let message = body.into_message()?;
+    let new_id = message.id.to_string();
+    let handle = state.agent(&id).await?;
+    let lock = state.input_lock(handle.id());
+    let _guard = lock.lock().await;
+    let replaced = handle
+        .replace(message_id.clone(), message)
+        .await
+        .map_err(|e| ApiError::from_input(&e, "message"))?;
+    if !replaced {
+        return Err(not_pending(&message_id));
+    }
+    state.inner.metrics.input("replace", None);
+    Ok(Json(InboxAck {
+        message_id: message_id.to_string(),
+        replaced_by: Some(new_id),
+    }))
+}

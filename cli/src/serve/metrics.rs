@@ -1,0 +1,178 @@
+//! `GET /metrics`: the server's figures in the Prometheus text format, kept with
+//! `prometheus-client`.
+//!
+//! Counters the server owns (inputs by kind, the input-ack latency histogram, open event streams)
+//! are updated as requests run. Figures owned by the runtime and the store (agents live and
+//! hibernated, turns ended, events appended, commit groups) are read when scraped: the host's and
+//! the store's counters are the record, and a scrape only brings the exported counters up to them.
+
+use std::sync::atomic::AtomicI64;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use super::state::AppState;
+
+/// The label of a per-kind counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// `followup`, `steer`, `inject`, `cancel`, `remove`, `replace`.
+    pub kind: &'static str,
+}
+
+/// The label of the agents gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// `live` (an actor runs it) or `hibernated`.
+    pub state: &'static str,
+}
+
+/// Every exported figure.
+pub struct ServerMetrics {
+    registry: Registry,
+    /// Inputs acknowledged, by kind.
+    pub inputs: Family<KindLabel, Counter>,
+    /// Seconds from an input request's arrival to its durable acknowledgement.
+    pub input_ack: Histogram,
+    /// Event streams open now.
+    pub sse_subscribers: Gauge<i64, AtomicI64>,
+    agents: Family<StateLabel, Gauge<i64, AtomicI64>>,
+    turns: Counter,
+    events: Counter,
+    store_commits: Counter,
+    /// Serialises scrapes, which bring the read-through counters up to date.
+    scrape: tokio::sync::Mutex<()>,
+}
+
+impl Default for ServerMetrics {
+    fn default() -> Self {
+        ServerMetrics::new()
+    }
+}
+
+impl ServerMetrics {
+    /// A registry with every figure, at zero.
+    pub fn new() -> ServerMetrics {
+        let mut registry = Registry::with_prefix("dsh");
+        let inputs = Family::<KindLabel, Counter>::default();
+        registry.register("inputs", "Inputs acknowledged, by kind", inputs.clone());
+        let buckets = [
+            0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0,
+        ];
+        let input_ack = Histogram::new(buckets);
+        registry.register(
+            "input_ack_seconds",
+            "Time from an input request to its durable acknowledgement",
+            input_ack.clone(),
+        );
+        let sse_subscribers = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "sse_subscribers",
+            "Event streams open now",
+            sse_subscribers.clone(),
+        );
+        let agents = Family::<StateLabel, Gauge<i64, AtomicI64>>::default();
+        registry.register("agents", "Agents hosted, by state", agents.clone());
+        let turns = Counter::default();
+        registry.register("turns", "Turns ended", turns.clone());
+        let events = Counter::default();
+        registry.register(
+            "events_appended",
+            "Events acknowledged durable",
+            events.clone(),
+        );
+        let store_commits = Counter::default();
+        registry.register(
+            "store_commits",
+            "Commit groups the store ran",
+            store_commits.clone(),
+        );
+        ServerMetrics {
+            registry,
+            inputs,
+            input_ack,
+            sse_subscribers,
+            agents,
+            turns,
+            events,
+            store_commits,
+            scrape: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Counts one acknowledged input of `kind` that took `elapsed`.
+    pub fn input(&self, kind: &'static str, elapsed: Option<Duration>) {
+        self.inputs.get_or_create(&KindLabel { kind }).inc();
+        if let Some(elapsed) = elapsed {
+            self.input_ack.observe(elapsed.as_secs_f64());
+        }
+    }
+}
+
+/// Raises `counter` to `value` (a scrape of a counter kept elsewhere).
+fn raise(counter: &Counter, value: u64) {
+    let now = counter.get();
+    if value > now {
+        counter.inc_by(value - now);
+    }
+}
+
+/// Brings the read-through figures up to date.
+async fn refresh(state: &AppState, m: &ServerMetrics) {
+    let host = state.host();
+    raise(&m.turns, host.metrics().turns());
+    raise(&m.events, host.metrics().events());
+    raise(&m.store_commits, state.store().stats().n_groups);
+    let (mut live, mut hibernated) = (0i64, 0i64);
+    for id in host.list() {
+        let Some(handle) = host.get(&id) else {
+            continue;
+        };
+        match handle.status().await {
+            Ok(s) if s.hibernated => hibernated += 1,
+            Ok(_) => live += 1,
+            Err(_) => {}
+        }
+    }
+    m.agents
+        .get_or_create(&StateLabel { state: "live" })
+        .set(live);
+    m.agents
+        .get_or_create(&StateLabel {
+            state: "hibernated",
+        })
+        .set(hibernated);
+}
+
+/// `GET /metrics`.
+#[utoipa::path(get, path = "/metrics",  responses((status = 200, description = "Prometheus (OpenMetrics) text", content_type = "application/openmetrics-text", body = String)))]
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let m = &state.inner.metrics;
+    let _scrape = m.scrape.lock().await;
+    refresh(&state, m).await;
+    let mut text = String::new();
+    if let Err(e) = encode(&mut text, &m.registry) {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding metrics: {e}\n"),
+        )
+            .into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}

@@ -1,0 +1,180 @@
+//! `AppState`: what every handler shares — the host, its store, the defaults new agents get, the
+//! token, the drain flag — and how a request reaches an agent by id.
+//!
+//! An agent that is stored but not live (after a server restart) is resumed on first use with the
+//! server's defaults; an id that is neither is 404. Inputs to one session are serialised by a
+//! per-session lock so that the idempotency check (has this message id been spliced already?) and
+//! the send are one step: two concurrent requests with the same id never both apply.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use dsh::SessionId;
+use dsh::session::store::SessionStore;
+use dsh::session::store::sqlite::SqliteStore;
+use dsh::turn::AgentConfig;
+use dsh_actors::{AgentHandle, AgentSpec, Host, HostError};
+use tokio_util::sync::CancellationToken;
+
+use super::auth::Token;
+use super::error::ApiError;
+use super::metrics::ServerMetrics;
+
+/// What a new agent gets unless its create request says otherwise.
+#[derive(Clone, Debug)]
+pub struct AgentDefaults {
+    /// The one registered provider's name.
+    pub provider: String,
+    /// The model id.
+    pub model: String,
+    /// Output cap per request.
+    pub max_tokens: Option<u64>,
+    /// The system prompt.
+    pub system: Option<String>,
+    /// The working directory recorded in new sessions' headers.
+    pub cwd: Option<String>,
+}
+
+impl AgentDefaults {
+    /// A spec for an agent with these defaults.
+    pub fn spec(&self) -> AgentSpec {
+        let mut config = AgentConfig::new(&self.provider, &self.model);
+        config.max_tokens = self.max_tokens;
+        config.system = self.system.clone();
+        let mut spec = AgentSpec::new(config);
+        spec.cwd = self.cwd.clone();
+        spec
+    }
+}
+
+/// Settings of the server itself (not of its agents).
+#[derive(Clone, Debug)]
+pub struct ServerSettings {
+    /// Interval of the keep-alive comments on event streams.
+    pub keep_alive: Duration,
+    /// How long running turns may finish after SIGTERM/SIGINT before they are cancelled.
+    pub drain_timeout: Duration,
+}
+
+/// The state every handler shares. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    /// The shared parts.
+    pub inner: Arc<Shared>,
+}
+
+/// The parts of `AppState`.
+pub struct Shared {
+    /// The runtime.
+    pub host: Host,
+    /// The host's store (for listing, export and import).
+    pub store: Arc<SqliteStore>,
+    /// Defaults of new and resumed agents.
+    pub defaults: AgentDefaults,
+    /// The bearer token every `/v1` request must carry, if one is set.
+    pub token: Option<Token>,
+    /// Server settings.
+    pub settings: ServerSettings,
+    /// Set once a drain began: new input gets 503.
+    pub draining: AtomicBool,
+    /// Cancelled when event streams must end (the host has stopped).
+    pub streams_end: CancellationToken,
+    /// The figures `/metrics` exports.
+    pub metrics: ServerMetrics,
+    /// One lock per session, held across an input's idempotency check and its send.
+    input_locks: DashMap<SessionId, Arc<tokio::sync::Mutex<()>>>,
+}
+
+impl AppState {
+    /// The state over a started host.
+    pub fn new(
+        host: Host,
+        store: Arc<SqliteStore>,
+        defaults: AgentDefaults,
+        token: Option<Token>,
+        settings: ServerSettings,
+    ) -> AppState {
+        AppState {
+            inner: Arc::new(Shared {
+                host,
+                store,
+                defaults,
+                token,
+                settings,
+                draining: AtomicBool::new(false),
+                streams_end: CancellationToken::new(),
+                metrics: ServerMetrics::new(),
+                input_locks: DashMap::new(),
+            }),
+        }
+    }
+
+    /// The host.
+    pub fn host(&self) -> &Host {
+        &self.inner.host
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<SqliteStore> {
+        &self.inner.store
+    }
+
+    /// Whether a drain began.
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.load(Ordering::Acquire)
+    }
+
+    /// Refuses new input while draining.
+    ///
+    /// # Errors
+    /// 503 `draining`.
+    pub fn accepting(&self) -> Result<(), ApiError> {
+        if self.is_draining() {
+            Err(ApiError::draining())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The lock that serialises inputs to `id`.
+    pub fn input_lock(&self, id: &SessionId) -> Arc<tokio::sync::Mutex<()>> {
+        Arc::clone(
+            self.inner
+                .input_locks
+                .entry(id.clone())
+                .or_default()
+                .value(),
+        )
+    }
+
+    /// The agent `id`: live, or resumed from the store with the server's defaults.
+    ///
+    /// # Errors
+    /// 400 for an invalid id, 404 when no such session is live or stored, else the host's failure.
+    pub async fn agent(&self, id: &str) -> Result<AgentHandle, ApiError> {
+        let id = parse_session_id(id)?;
+        if let Some(handle) = self.host().get(&id) {
+            return Ok(handle);
+        }
+        match self.store().header(&id).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return Err(ApiError::session_not_found(id.as_str())),
+            Err(e) => return Err(ApiError::from_store(&e)),
+        }
+        match self.host().resume(&id, self.inner.defaults.spec()).await {
+            Ok(handle) => Ok(handle),
+            Err(HostError::NotFound { .. }) => Err(ApiError::session_not_found(id.as_str())),
+            Err(e) => Err(ApiError::from_host(&e)),
+        }
+    }
+}
+
+/// A session id from a path or body.
+///
+/// # Errors
+/// 400 `bad_request` naming the id's problem.
+pub fn parse_session_id(id: &str) -> Result<SessionId, ApiError> {
+    SessionId::new(id).map_err(|e| ApiError::bad_request(format!("session id: {e}")))
+}
