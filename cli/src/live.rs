@@ -278,7 +278,7 @@ async fn open_host(
 /// Starts the configured MCP servers (one process or connection each, shared by the host). A
 /// server that does not come up is reported on stderr in one line and left out: its tools are not
 /// offered, and the session goes on with the rest.
-async fn start_mcp(config: &Config) -> McpServers {
+pub(crate) async fn start_mcp(config: &Config) -> McpServers {
     let mcp = McpServers::start(config.mcp_servers.clone()).await;
     for status in mcp.statuses() {
         if let ServerState::Down { error } = &status.state {
