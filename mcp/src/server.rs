@@ -185,14 +185,14 @@ impl McpServer {
     /// Closes the connection (killing a stdio server); later calls fail with `MCP_UNAVAILABLE`.
     pub async fn stop(&self) {
         let previous = std::mem::replace(&mut *self.lock(), State::Stopped);
-        if let State::Ready(live) = previous {
-            if let Ok(mut live) = Arc::try_unwrap(live) {
-                let _ = live
-                    .service
-                    .close_with_timeout(Duration::from_secs(2))
-                    .await;
-            }
-            // Otherwise calls still hold it: the last of them drops it, which kills the process.
+        // When calls still hold the connection, the last of them drops it, which kills the process.
+        if let State::Ready(live) = previous
+            && let Ok(mut live) = Arc::try_unwrap(live)
+        {
+            let _ = live
+                .service
+                .close_with_timeout(Duration::from_secs(2))
+                .await;
         }
     }
 
