@@ -249,3 +249,17 @@ fn a_bad_mcp_server_entry_is_one_error_line_naming_the_key() {
     );
     assert!(out.stdout.is_empty());
 }
+
+#[test]
+fn dsh_mcp_list_without_servers_says_so() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = dsh(tmp.path(), &["mcp", "list"]);
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "no MCP servers configured (add [mcp_servers.NAME] to dsh.toml)\n"
+    );
+    let out = dsh(tmp.path(), &["mcp", "list", "--json"]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "[]\n");
+}

@@ -81,6 +81,25 @@ async fn the_everything_server_lists_its_tools_with_schemas_and_modes() {
 }
 
 #[tokio::test]
+async fn the_tool_list_is_read_again_on_request() {
+    let Some(server) = everything_stdio(None).await else {
+        return;
+    };
+    let before = server.status().tools;
+    let again = server.refresh_tools().await.expect("listed again");
+    assert_eq!(again, before);
+    assert!(
+        !server.tools_changed(),
+        "the change flag is cleared by the read"
+    );
+    server.stop().await;
+    assert_eq!(
+        server.refresh_tools().await,
+        Err("the MCP server `every` was shut down".to_string())
+    );
+}
+
+#[tokio::test]
 async fn a_call_with_structured_arguments_returns_the_servers_text() {
     let Some(server) = everything_stdio(None).await else {
         return;
