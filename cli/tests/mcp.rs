@@ -263,3 +263,95 @@ fn dsh_mcp_list_without_servers_says_so() {
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), "[]\n");
 }
+
+/// Kills `pid` and its children with SIGKILL.
+fn kill_tree(pid: u32) {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    for child in children.split_whitespace() {
+        if let Ok(child) = child.parse() {
+            kill_tree(child);
+        }
+    }
+    let _ = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_mid_call_ends_the_call_with_an_error_and_the_next_step_restarts_it() {
+    use std::io::BufRead;
+    let Some((node, index)) = everything() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let fifo = tmp.path().join("wire");
+    let pidfile = tmp.path().join("pid");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo")
+            .success()
+    );
+    // The first server runs behind `tee` into the FIFO, so the test sees the call arrive, and `sh`
+    // notes its pid so the test can kill it; the restarted one (the pid file exists) runs plainly.
+    let script = "if [ -e \"$3\" ]; then exec \"$1\" \"$2\" stdio; fi; echo $$ > \"$3\"; tee \"$0\" | \"$1\" \"$2\" stdio";
+    let args = json!([
+        "-c",
+        script,
+        fifo.to_string_lossy(),
+        node,
+        index,
+        pidfile.to_string_lossy()
+    ]);
+    let scenario = Scenario::from_value(&json!({
+        "name": "an MCP server killed mid-call",
+        "mcp_servers": {"every": {"command": "sh", "args": args}},
+        "model": [
+            {"tool_calls": [{"id": "c1", "name": "every__trigger-long-running-operation",
+                             "arguments": "{\"duration\":600,\"steps\":600}"}]},
+            {"tool_calls": [{"id": "c2", "name": "every__get-sum", "arguments": "{\"a\":1,\"b\":1}"}]},
+            {"text": "done"}
+        ],
+        "actions": [{"followup": "go", "id": "m1"}, {"wait_idle": true}]
+    }))
+    .expect("a valid scenario");
+    let killer = std::thread::spawn(move || {
+        let file = std::fs::File::open(&fifo).expect("open the wire");
+        for line in std::io::BufReader::new(file).lines() {
+            if line.expect("a wire line").contains("\"tools/call\"") {
+                break;
+            }
+        }
+        let pid = std::fs::read_to_string(&pidfile).expect("the server's pid");
+        kill_tree(pid.trim().parse().expect("a pid"));
+    });
+    let log = dsh_cli::scenario::run_scenario(&scenario)
+        .await
+        .expect("the scenario runs");
+    killer.join().expect("the killer thread");
+    let results: Vec<Value> = log
+        .iter()
+        .map(event_json)
+        .filter(|e| e["type"] == "tool/result")
+        .map(|e| {
+            json!({"step": e["data"]["step"], "error": e["data"]["error"],
+                        "content": e["data"]["message"]["content"][0]})
+        })
+        .collect();
+    assert_eq!(
+        results,
+        vec![
+            json!({"step": 1, "error": {"name": "McpError", "code": "MCP_SERVER_EXITED"},
+                   "content": {"type": "tool-result", "toolCallId": "c1", "isError": true,
+                               "content": [{"type": "text", "text": "Error: the MCP server `every` exited or closed the connection during the call; it is restarted at the next call"}]}}),
+            json!({"step": 2, "error": null,
+                   "content": {"type": "tool-result", "toolCallId": "c2", "isError": false,
+                               "content": [{"type": "text", "text": "The sum of 1 and 1 is 2."}]}}),
+        ]
+    );
+    let last = log.last().map(event_json).expect("a log");
+    assert_eq!(last["type"], "turn/end");
+    assert_eq!(last["data"]["reason"], json!({"kind": "completed"}));
+}
