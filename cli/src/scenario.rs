@@ -36,6 +36,7 @@ use dsh::session::store::SessionStore;
 use dsh::session::store::memory::MemoryStore;
 use dsh::tools::{ExecutionMode, Tool, ToolArgs, ToolInvocation, ToolOutput, ToolRegistry};
 use dsh::turn::AgentConfig;
+use dsh_mcp::{McpServers, ServerEntry, ServerState};
 use tokio_util::sync::CancellationToken;
 
 use crate::CliError;
@@ -126,14 +127,51 @@ pub fn render_log(events: &[Event]) -> String {
 /// `Runtime` when the world cannot be built or read, `Action` when the runtime refuses an action,
 /// `Timeout` when an action (or the final wait for idle) takes longer than `action_timeout_ms`.
 pub async fn run_scenario(scenario: &Scenario) -> Result<Vec<Event>, ScenarioError> {
-    let world = World::build(scenario).await?;
+    let mcp = start_mcp_servers(scenario).await?;
+    let world = match World::build(scenario, &mcp).await {
+        Ok(world) => world,
+        Err(e) => {
+            mcp.shutdown().await;
+            return Err(e);
+        }
+    };
     let played = world.play(scenario).await;
     let log = match played {
         Ok(()) => world.stored_log(scenario).await,
         Err(e) => Err(e),
     };
     world.host.shutdown().await;
+    mcp.shutdown().await;
     log
+}
+
+/// Checks and starts the scenario's `mcp_servers`; every one must come up, so a run never depends
+/// on a server that happened to be down.
+async fn start_mcp_servers(scenario: &Scenario) -> Result<McpServers, ScenarioError> {
+    let mut configs = Vec::with_capacity(scenario.mcp_servers.len());
+    for (name, entry) in &scenario.mcp_servers {
+        let entry: ServerEntry = serde_json::from_value(serde_json::Value::Object(entry.clone()))
+            .map_err(|e| ScenarioError::Field {
+            path: format!("mcp_servers.{name}"),
+            reason: e.to_string(),
+        })?;
+        let config = entry.check(name).map_err(|e| ScenarioError::Invalid {
+            path: format!("mcp_servers.{}", e.key),
+            reason: e.reason,
+        })?;
+        configs.push(config);
+    }
+    let mcp = McpServers::start(configs).await;
+    for status in mcp.statuses() {
+        if let ServerState::Down { error } = status.state {
+            mcp.shutdown().await;
+            return Err(runtime_error(
+                scenario,
+                format!("the MCP server `{}` did not start: {error}", status.name),
+            ));
+        }
+    }
+    Ok(mcp)
 }
 
 /// One scenario's world.
@@ -152,7 +190,7 @@ fn runtime_error(scenario: &Scenario, reason: impl std::fmt::Display) -> Scenari
 }
 
 impl World {
-    async fn build(scenario: &Scenario) -> Result<World, ScenarioError> {
+    async fn build(scenario: &Scenario, mcp: &McpServers) -> Result<World, ScenarioError> {
         let gates = Gates::new();
         let script = ScriptProvider::new(scenario.model.iter().cloned(), gates.clone());
         let mut providers = ProviderRegistry::new();
@@ -170,6 +208,7 @@ impl World {
                 gates: gates.clone(),
             }));
         }
+        let tools = tools.layered(&mcp.tools());
         let mut hooks = Hooks::new();
         if !scenario.hooks.pre_step.is_empty() {
             hooks.pre_step.push(Arc::new(ScenarioPreStep {
