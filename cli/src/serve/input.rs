@@ -160,8 +160,7 @@ async fn send(
     let client_id = body.id.is_some() || body.message.is_some();
     let message = body.into_message()?;
     let handle = state.agent(&id).await?;
-    let lock = state.input_lock(handle.id());
-    let _guard = lock.lock().await;
+    let _guard = state.lock_input(handle.id()).await;
     let message_id = message.id.clone();
     if client_id && let Some(seq) = spliced_seq(&handle, &message_id).await? {
         return Ok((StatusCode::OK, Json(ack(&message_id, seq))));
@@ -277,8 +276,7 @@ pub async fn replace(
     let message = body.into_message()?;
     let new_id = message.id.to_string();
     let handle = state.agent(&id).await?;
-    let lock = state.input_lock(handle.id());
-    let _guard = lock.lock().await;
+    let _guard = state.lock_input(handle.id()).await;
     let replaced = handle
         .replace(message_id.clone(), message)
         .await
