@@ -22,6 +22,8 @@ pub mod page;
 pub mod router;
 pub mod sessions;
 pub mod state;
+#[cfg(test)]
+mod tests;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
