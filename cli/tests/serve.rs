@@ -1326,3 +1326,51 @@ async fn a_client_that_falls_behind_is_told_to_resume_and_loses_nothing() {
     assert_eq!(ids.last().copied(), last);
     assert!(s.stop().success());
 }
+
+#[tokio::test]
+async fn a_replacement_id_repeated_answers_with_the_replacing_splice() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = Server::start(dir.path(), FAST_SIM, &[]);
+    s.call("POST", "/v1/sessions", Some(json!({"id": "a"})))
+        .await;
+    let (status, first) = s
+        .call(
+            "POST",
+            "/v1/sessions/a/inject",
+            Some(json!({"text": "x", "id": "p1"})),
+        )
+        .await;
+    assert_eq!(status, 202);
+    let seq = first["seq"].as_u64().expect("a seq");
+    let (status, replaced) = s
+        .call(
+            "PUT",
+            "/v1/sessions/a/inbox/p1",
+            Some(json!({"text": "y", "id": "p2"})),
+        )
+        .await;
+    assert_eq!(
+        (status, replaced),
+        (200, json!({"message_id": "p1", "replaced_by": "p2"}))
+    );
+    // The replacement's id was applied by the replacing splice, the event after the inject's.
+    let again = s
+        .call(
+            "POST",
+            "/v1/sessions/a/inject",
+            Some(json!({"text": "y", "id": "p2"})),
+        )
+        .await;
+    assert_eq!(again, (200, json!({"message_id": "p2", "seq": seq + 1})));
+    let again = s
+        .call(
+            "POST",
+            "/v1/sessions/a/inject",
+            Some(json!({"text": "x", "id": "p1"})),
+        )
+        .await;
+    assert_eq!(again, (200, json!({"message_id": "p1", "seq": seq})));
+    let (_, info) = s.call("GET", "/v1/sessions/a", None).await;
+    assert_eq!(info["pending"], json!({"next_turn": 0, "next_step": 1}));
+    assert!(s.stop().success());
+}

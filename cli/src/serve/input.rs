@@ -3,8 +3,9 @@
 //!
 //! Idempotency: a message id that the log already shows spliced into the inbox is not sent again;
 //! the answer is 200 with the first answer (`message_id` and the seq of that `agent/inbox/spliced`
-//! event). The log is the record, so this holds across server restarts. The per-session input lock
-//! makes the check and the send one step.
+//! event). The log is the record, so this holds across server restarts; `AppliedIds` keeps an index
+//! of it so that a repeated id costs a map look-up, not a read of the log. The per-session input
+//! lock makes the check and the send one step.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -162,28 +163,46 @@ async fn send(
     let handle = state.agent(&id).await?;
     let _guard = state.lock_input(handle.id()).await;
     let message_id = message.id.clone();
-    if client_id && let Some(seq) = spliced_seq(&handle, &message_id).await? {
-        return Ok((StatusCode::OK, Json(ack(&message_id, seq))));
+    let applied = &state.inner.applied;
+    if client_id {
+        let first = applied
+            .lookup(handle.id(), &message_id, || handle.log())
+            .await
+            .map_err(|e| ApiError::from_input(&e, "id"))?;
+        if let Some(seq) = first {
+            return Ok((StatusCode::OK, Json(ack(&message_id, seq))));
+        }
     }
+    let seq = send_input(&handle, kind, message).await?;
+    applied.applied(handle.id(), &message_id, seq);
+    state
+        .inner
+        .metrics
+        .input(kind.name(), Some(started.elapsed()));
+    tracing::debug!(kind = kind.name(), seq, "input acknowledged");
+    Ok((StatusCode::ACCEPTED, Json(ack(&message_id, seq))))
+}
+
+/// Sends `message` as `kind`; returns the seq of the durable splice that queued it.
+async fn send_input(
+    handle: &AgentHandle,
+    kind: InputKind,
+    message: Message,
+) -> Result<u64, ApiError> {
+    let message_id = message.id.clone();
     let sent = match kind {
         InputKind::Followup => handle.followup(message).await,
         InputKind::Steer => handle.steer(message).await,
         InputKind::Inject => handle.inject(message).await,
     };
     sent.map_err(|e| ApiError::from_input(&e, "message"))?;
-    let seq = spliced_seq(&handle, &message_id).await?.ok_or_else(|| {
+    spliced_seq(handle, &message_id).await?.ok_or_else(|| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
             format!("message {message_id} was acknowledged but its splice is not in the log"),
         )
-    })?;
-    state
-        .inner
-        .metrics
-        .input(kind.name(), Some(started.elapsed()));
-    tracing::debug!(session = %handle.id(), kind = kind.name(), seq, "input acknowledged");
-    Ok((StatusCode::ACCEPTED, Json(ack(&message_id, seq))))
+    })
 }
 
 fn ack(id: &MessageId, seq: u64) -> InputAck {
@@ -281,6 +300,9 @@ pub async fn replace(
         .replace(message_id.clone(), message)
         .await
         .map_err(|e| ApiError::from_input(&e, "message"))?;
+    // The replacement's splice seq is not known here: the session's applied-id index is rebuilt
+    // from the log when next needed.
+    state.inner.applied.forget(handle.id());
     if !replaced {
         return Err(not_pending(&message_id));
     }

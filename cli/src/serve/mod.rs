@@ -10,6 +10,7 @@
 //! then the host stops (turns still running end `aborted`), event streams end, the store closes
 //! and the process exits 0.
 
+pub mod applied;
 pub mod auth;
 pub mod body;
 pub mod error;

@@ -22,6 +22,7 @@ use dsh::turn::AgentConfig;
 use dsh_actors::{AgentHandle, AgentSpec, Host, HostError};
 use tokio_util::sync::CancellationToken;
 
+use super::applied::AppliedIds;
 use super::auth::Token;
 use super::error::ApiError;
 use super::metrics::ServerMetrics;
@@ -109,6 +110,8 @@ pub struct Shared {
     pub streams: Arc<tokio::sync::Semaphore>,
     /// The figures `/metrics` exports.
     pub metrics: Arc<ServerMetrics>,
+    /// Message ids each session's inbox took, for answering a repeated client-chosen id.
+    pub applied: AppliedIds,
     /// One lock per session, held across an input's idempotency check and its send.
     input_locks: DashMap<SessionId, Arc<tokio::sync::Mutex<()>>>,
 }
@@ -136,6 +139,7 @@ impl AppState {
                 streams_end: CancellationToken::new(),
                 streams,
                 metrics,
+                applied: AppliedIds::default(),
                 input_locks: DashMap::new(),
             }),
         }
