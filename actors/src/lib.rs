@@ -12,7 +12,7 @@ pub mod observe;
 mod session_writer;
 mod tool_pool;
 
-pub use agent::handle::{AgentHandle, InputError};
+pub use agent::handle::{AgentHandle, InputError, InputReceipt};
 pub use agent::msg::StatusReport;
 pub use host::{AgentSpec, Host, HostBuilder, HostConfig, HostError, Metrics};
 pub use observe::{Observation, Observed, Subscription};

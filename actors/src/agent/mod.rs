@@ -740,15 +740,15 @@ impl AgentActor {
                 deliver(reply, Err(self.refuse(state).expect("failed is set")));
             }
             AgentMsg::Followup { msg, reply } => match state.core.followup(msg, now) {
-                Ok(ack) => Self::ack_after(state, ack, reply, ()),
+                Ok(ack) => Self::ack_after(state, ack, reply, ack),
                 Err(e) => deliver(reply, Err(e.into())),
             },
             AgentMsg::Steer { msg, reply } => match state.core.steer(msg, now) {
-                Ok(ack) => Self::ack_after(state, ack, reply, ()),
+                Ok(ack) => Self::ack_after(state, ack, reply, ack),
                 Err(e) => deliver(reply, Err(e.into())),
             },
             AgentMsg::Inject { msg, reply } => match state.core.inject(msg, now) {
-                Ok(ack) => Self::ack_after(state, ack, reply, ()),
+                Ok(ack) => Self::ack_after(state, ack, reply, ack),
                 Err(e) => deliver(reply, Err(e.into())),
             },
             AgentMsg::Cancel {

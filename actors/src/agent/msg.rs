@@ -55,18 +55,18 @@ impl StatusReport {
 }
 
 pub enum AgentMsg {
-    // From the handle: acked once the input is durable.
+    // From the handle: acked once the input is durable, with the seq of its `agent/inbox/spliced`.
     Followup {
         msg: Message,
-        reply: Reply<Result<(), InputError>>,
+        reply: Reply<Result<Option<u64>, InputError>>,
     },
     Steer {
         msg: Message,
-        reply: Reply<Result<(), InputError>>,
+        reply: Reply<Result<Option<u64>, InputError>>,
     },
     Inject {
         msg: Message,
-        reply: Reply<Result<(), InputError>>,
+        reply: Reply<Result<Option<u64>, InputError>>,
     },
     Cancel {
         cause: CancelCause,

@@ -12,8 +12,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use dsh::MessageId;
 use dsh::llm::types::Message;
-use dsh::session::Event;
-use dsh::session::event::{CancelCause, EventData};
+use dsh::session::event::CancelCause;
 use dsh_actors::AgentHandle;
 use serde::{Deserialize, Serialize};
 
@@ -189,43 +188,19 @@ async fn send_input(
     kind: InputKind,
     message: Message,
 ) -> Result<u64, ApiError> {
-    let message_id = message.id.clone();
     let sent = match kind {
-        InputKind::Followup => handle.followup(message).await,
-        InputKind::Steer => handle.steer(message).await,
-        InputKind::Inject => handle.inject(message).await,
+        InputKind::Followup => handle.followup_receipt(message).await,
+        InputKind::Steer => handle.steer_receipt(message).await,
+        InputKind::Inject => handle.inject_receipt(message).await,
     };
-    sent.map_err(|e| ApiError::from_input(&e, "message"))?;
-    spliced_seq(handle, &message_id).await?.ok_or_else(|| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("message {message_id} was acknowledged but its splice is not in the log"),
-        )
-    })
+    sent.map(|receipt| receipt.seq)
+        .map_err(|e| ApiError::from_input(&e, "message"))
 }
 
 fn ack(id: &MessageId, seq: u64) -> InputAck {
     InputAck {
         message_id: id.to_string(),
         seq,
-    }
-}
-
-/// The seq of the `agent/inbox/spliced` event that inserted message `id`, if the log has one.
-async fn spliced_seq(handle: &AgentHandle, id: &MessageId) -> Result<Option<u64>, ApiError> {
-    let log = handle
-        .log()
-        .await
-        .map_err(|e| ApiError::from_input(&e, "id"))?;
-    Ok(log.iter().rev().find(|e| inserts(e, id)).map(|e| e.seq))
-}
-
-/// Whether `event` is a splice that inserted message `id`.
-fn inserts(event: &Event, id: &MessageId) -> bool {
-    match &event.data {
-        EventData::InboxSpliced(s) => s.inserted.iter().any(|m| &m.id == id),
-        _ => false,
     }
 }
 
