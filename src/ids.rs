@@ -21,18 +21,30 @@ use crate::limits::Limits;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum IdError {
+    /// The id is empty.
     #[error("{what} is empty")]
-    Empty { what: &'static str },
+    Empty {
+        /// Which kind of id.
+        what: &'static str,
+    },
+    /// The id is longer than the limit.
     #[error("{what} is {bytes} bytes, the limit is {bytes_max}")]
     TooLong {
+        /// Which kind of id.
         what: &'static str,
+        /// Its length.
         bytes: usize,
+        /// The limit.
         bytes_max: usize,
     },
+    /// The id holds a character that is not allowed.
     #[error("{what} {shown:?} has a character that is not allowed at byte {at}")]
     BadChar {
+        /// Which kind of id.
         what: &'static str,
+        /// The id, shortened for the message.
         shown: String,
+        /// The byte offset of the character.
         at: usize,
     },
 }
@@ -84,6 +96,7 @@ impl SessionId {
         SessionId(Arc::from(format!("s-{id}").as_str()))
     }
 
+    /// The id as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -158,8 +171,37 @@ impl MessageId {
         MessageId(Arc::from(uuid::Uuid::new_v4().to_string().as_str()))
     }
 
+    /// The id as text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+/// Where an agent's new message ids come from. The pure turn machine never mints an id itself: the
+/// runtime lends it `MessageIds::random()`, and a test a deterministic source.
+#[derive(Clone)]
+pub struct MessageIds(Arc<dyn Fn() -> MessageId + Send + Sync>);
+
+impl MessageIds {
+    /// Fresh random ids (UUID v4), as the runtime uses.
+    pub fn random() -> MessageIds {
+        MessageIds(Arc::new(MessageId::mint))
+    }
+
+    /// Ids made by `mint`, e.g. a counter in a test.
+    pub fn from_fn(mint: impl Fn() -> MessageId + Send + Sync + 'static) -> MessageIds {
+        MessageIds(Arc::new(mint))
+    }
+
+    /// The next id.
+    pub fn next_id(&self) -> MessageId {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for MessageIds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("MessageIds")
     }
 }
 

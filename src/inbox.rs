@@ -33,33 +33,61 @@ use crate::session::event::{Event, EventData, InboxSpliced, InboxTarget, SpliceO
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AdmitError {
+    /// Only user messages can be sent to an agent.
     #[error(
         "message {id:?} has role {}, only user messages can be sent to an agent",
         role_name(*.role)
     )]
-    NotUserRole { id: MessageId, role: Role },
+    NotUserRole {
+        /// The refused message.
+        id: MessageId,
+        /// Its role.
+        role: Role,
+    },
+    /// The message has more content blocks than the limit.
     #[error("message {id:?} has {n_blocks} content blocks, the limit is {blocks_max}")]
     TooManyBlocks {
+        /// The refused message.
         id: MessageId,
+        /// Its blocks.
         n_blocks: usize,
+        /// The limit.
         blocks_max: usize,
     },
+    /// The message nests JSON deeper than the limit.
     #[error("message {id:?} nests json deeper than {depth_max} levels")]
-    TooDeep { id: MessageId, depth_max: usize },
+    TooDeep {
+        /// The refused message.
+        id: MessageId,
+        /// The limit.
+        depth_max: usize,
+    },
+    /// The message is larger than the limit.
     #[error("message {id:?} is {bytes} bytes, the limit is {bytes_max}")]
     TooLarge {
+        /// The refused message.
         id: MessageId,
+        /// Its size.
         bytes: usize,
+        /// The limit.
         bytes_max: usize,
     },
+    /// A message with this id is already pending.
     #[error("message {id:?} is already pending")]
-    AlreadyPending { id: MessageId },
+    AlreadyPending {
+        /// The refused message.
+        id: MessageId,
+    },
+    /// The inbox cannot take the messages without passing its bound.
     #[error(
         "inbox holds {n_pending} messages and cannot take {n_inserted} more, the limit is {pending_max}"
     )]
     InboxFull {
+        /// Messages pending now.
         n_pending: usize,
+        /// Messages that would be added.
         n_inserted: usize,
+        /// The limit.
         pending_max: usize,
     },
 }
@@ -68,29 +96,48 @@ pub enum AdmitError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum InboxError {
+    /// The splice starts past the end of its list.
     #[error(
         "invalid inbox splice: start {start} is past the end of {} (length {len})",
         target_name(*.target)
     )]
     StartOutOfRange {
+        /// The list.
         target: InboxTarget,
+        /// Where the splice starts.
         start: u64,
+        /// The list's length.
         len: usize,
     },
+    /// The splice removes past the end of its list.
     #[error(
         "invalid inbox splice: removing {n_removed} from start {start} overruns {} (length {len})",
         target_name(*.target)
     )]
     RemovedOutOfRange {
+        /// The list.
         target: InboxTarget,
+        /// Where the splice starts.
         start: u64,
+        /// How many it removes.
         n_removed: u64,
+        /// The list's length.
         len: usize,
     },
+    /// The splice inserts a message whose id is already pending.
     #[error("message {id:?} is already pending")]
-    AlreadyPending { id: MessageId },
+    AlreadyPending {
+        /// The duplicate.
+        id: MessageId,
+    },
+    /// A splice read from the log does not apply.
     #[error("invalid persisted inbox splice at session seq {seq}: {reason}")]
-    InvalidPersisted { seq: u64, reason: Box<InboxError> },
+    InvalidPersisted {
+        /// The splice event's seq.
+        seq: u64,
+        /// Why it does not apply.
+        reason: Box<InboxError>,
+    },
 }
 
 /// The pending input of one agent.
@@ -112,6 +159,7 @@ pub struct Inbox {
 }
 
 impl Inbox {
+    /// An empty inbox.
     pub fn new() -> Inbox {
         Inbox::default()
     }
@@ -155,6 +203,7 @@ impl Inbox {
         }
     }
 
+    /// Whether either list holds a message.
     pub fn has_pending(&self) -> bool {
         !self.next_turn.is_empty() || !self.next_step.is_empty()
     }

@@ -105,3 +105,88 @@ fn the_runtime_builds_without_the_command_line() {
         "actors/src names dsh_cli: {offenders:#?}"
     );
 }
+
+/// The production part of a source file: everything before its inline `#[cfg(test)] mod tests`.
+fn production_part(text: &str) -> &str {
+    let mut from = 0;
+    while let Some(at) = text[from..].find("#[cfg(test)]") {
+        let at = from + at;
+        let rest = text[at + "#[cfg(test)]".len()..].trim_start();
+        if rest.starts_with("mod tests {") {
+            return &text[..at];
+        }
+        from = at + 1;
+    }
+    text
+}
+
+/// The pure modules: `turn` (its tests aside), `inbox`, the tool schedule, the stream assembler and
+/// the retry policy.
+fn pure_modules() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    rust_files(&root().join("src/turn"), &mut files);
+    files.retain(|p| !p.ends_with("src/turn/tests.rs"));
+    for file in [
+        "src/inbox.rs",
+        "src/tools/schedule.rs",
+        "src/llm/assembler.rs",
+        "src/llm/retry.rs",
+    ] {
+        files.push(root().join(file));
+    }
+    files
+}
+
+/// Ids and time enter the pure modules as arguments (`now`, the `Wiring`'s `MessageIds`): they name
+/// no async runtime, mint no uuid and read no clock.
+#[test]
+fn the_pure_modules_take_ids_and_time_as_arguments() {
+    const FORBIDDEN: [&str; 5] = ["tokio", "uuid", "SystemTime", "Instant::now", "::mint("];
+    // Known, reported and owned elsewhere this session: `RetryHook` (the `request_error` adapter that
+    // lives beside the pure policy in retry.rs) mints its chain ids with uuid.
+    const KNOWN: [(&str, &str); 1] = [("src/llm/retry.rs", "uuid")];
+    let files = pure_modules();
+    assert!(files.len() >= 8, "found only {} files", files.len());
+    let mut offenders = Vec::new();
+    for path in &files {
+        let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let relative = path.strip_prefix(root()).unwrap_or(path);
+        for word in FORBIDDEN {
+            let known = KNOWN
+                .iter()
+                .any(|(file, w)| relative == Path::new(file) && *w == word);
+            if production_part(&text).contains(word) && !known {
+                offenders.push(format!("{}: {word}", relative.display()));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "pure modules name a runtime, an id source or a clock: {offenders:#?}"
+    );
+}
+
+/// The agent actor and its children only carry out what the core decided: every tool error result
+/// and every failure of an attempt is built in `dsh` (`ToolOutput::aborted` and its siblings, the
+/// turn machine), never in the actor shell.
+#[test]
+fn the_actor_shell_builds_no_tool_error_or_llm_failure() {
+    let mut files = Vec::new();
+    rust_files(&root().join("actors/src"), &mut files);
+    assert!(files.len() > 5, "found only {} files", files.len());
+    let offenders: Vec<String> = files
+        .iter()
+        .filter_map(|p| {
+            let text = fs::read_to_string(p).unwrap_or_default();
+            let found: Vec<&str> = ["ToolErrorInfo", "LlmFailure", "ToolOutput::error("]
+                .into_iter()
+                .filter(|word| production_part(&text).contains(word))
+                .collect();
+            (!found.is_empty()).then(|| format!("{}: {found:?}", p.display()))
+        })
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "the actor shell builds tool errors or failures: {offenders:#?}"
+    );
+}

@@ -6,13 +6,13 @@
 //! for one mailbox trip and one hand-off to its writer (a fast stream costs a message per burst,
 //! not per token) — then `StreamEnded`, and stops. Cancelling its token closes the stream at once
 //! (the provider drops the connection); a panic in provider code reaches the agent as a supervision
-//! event and becomes a failure offered to `request_error`. A route with no registered provider yields
-//! a single `NO_ADAPTER` error finish, as the original's runtime does.
+//! event and becomes a failure offered to `request_error`. A route with no registered provider gets
+//! no actor at all: the core resolves the provider and decides `NO_ADAPTER` itself.
 
 use std::sync::Arc;
 
 use dsh::llm::provider::Provider;
-use dsh::llm::types::{FinishReason, LlmFailure, LlmRequest, StreamChunk, codes};
+use dsh::llm::types::LlmRequest;
 use futures::{FutureExt, StreamExt};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio_util::sync::CancellationToken;
@@ -28,7 +28,7 @@ pub(crate) struct LlmStreamActor;
 
 pub(crate) struct LlmStreamArgs {
     pub(crate) ticket: u64,
-    pub(crate) provider: Option<Arc<dyn Provider>>,
+    pub(crate) provider: Arc<dyn Provider>,
     pub(crate) provider_name: String,
     pub(crate) request: LlmRequest,
     pub(crate) cancel: CancellationToken,
@@ -64,67 +64,55 @@ impl Actor for LlmStreamActor {
             cancel,
             agent,
         } = args;
-        match provider {
-            None => {
-                let failure = LlmFailure::new(
-                    codes::NO_ADAPTER,
-                    format!("no provider registered for route {provider_name:?}"),
-                );
-                let chunk = StreamChunk::finish(FinishReason::Error { failure });
-                let _ = agent.cast(AgentMsg::Chunk { ticket, chunk });
-            }
-            Some(provider) => {
-                let span = tracing::debug_span!(
-                    "llm_stream",
-                    agent = ?request.session_id,
-                    provider = %provider_name,
-                    ticket
-                );
-                let agent = agent.clone();
-                async move {
-                    let mut stream = provider.stream(request, cancel.clone());
-                    loop {
-                        tokio::select! {
-                            biased;
-                            () = cancel.cancelled() => break,
-                            next = stream.next() => match next {
-                                Some(chunk) => {
-                                    // Take what else is ready without waiting, re-checking the
-                                    // cancellation before each chunk as the loop above does.
-                                    let mut chunks = vec![chunk];
-                                    let mut ended = false;
-                                    while chunks.len() < CHUNK_BATCH_MAX && !cancel.is_cancelled() {
-                                        match stream.next().now_or_never() {
-                                            Some(Some(chunk)) => chunks.push(chunk),
-                                            Some(None) => {
-                                                ended = true;
-                                                break;
-                                            }
-                                            None => break,
-                                        }
-                                    }
-                                    let msg = match chunks.pop() {
-                                        Some(chunk) if chunks.is_empty() => {
-                                            AgentMsg::Chunk { ticket, chunk }
-                                        }
-                                        last => {
-                                            chunks.extend(last);
-                                            AgentMsg::Chunks { ticket, chunks }
-                                        }
-                                    };
-                                    if agent.cast(msg).is_err() || ended {
+        let span = tracing::debug_span!(
+            "llm_stream",
+            agent = ?request.session_id,
+            provider = %provider_name,
+            ticket
+        );
+        let forwarder = agent.clone();
+        async move {
+            let mut stream = provider.stream(request, cancel.clone());
+            loop {
+                tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => break,
+                    next = stream.next() => match next {
+                        Some(chunk) => {
+                            // Take what else is ready without waiting, re-checking the
+                            // cancellation before each chunk as the loop above does.
+                            let mut chunks = vec![chunk];
+                            let mut ended = false;
+                            while chunks.len() < CHUNK_BATCH_MAX && !cancel.is_cancelled() {
+                                match stream.next().now_or_never() {
+                                    Some(Some(chunk)) => chunks.push(chunk),
+                                    Some(None) => {
+                                        ended = true;
                                         break;
                                     }
+                                    None => break,
                                 }
-                                None => break,
-                            },
+                            }
+                            let msg = match chunks.pop() {
+                                Some(chunk) if chunks.is_empty() => {
+                                    AgentMsg::Chunk { ticket, chunk }
+                                }
+                                last => {
+                                    chunks.extend(last);
+                                    AgentMsg::Chunks { ticket, chunks }
+                                }
+                            };
+                            if forwarder.cast(msg).is_err() || ended {
+                                break;
+                            }
                         }
-                    }
+                        None => break,
+                    },
                 }
-                .instrument(span)
-                .await;
             }
         }
+        .instrument(span)
+        .await;
         let _ = agent.cast(AgentMsg::StreamEnded { ticket });
         myself.stop(None);
         Ok(())

@@ -11,7 +11,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dsh::session::event::ToolErrorInfo;
 use dsh::tools::{Tool, ToolInvocation, ToolOutput};
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio_util::sync::CancellationToken;
@@ -24,7 +23,7 @@ pub(crate) enum PoolMsg {
         ticket: u64,
         idx: usize,
         invocation: ToolInvocation,
-        tool: Option<Arc<dyn Tool>>,
+        tool: Arc<dyn Tool>,
         cancel: CancellationToken,
     },
     /// Signal every running call of batch `ticket`; kill the rest after the grace period.
@@ -64,13 +63,6 @@ pub(crate) struct PoolState {
     args: ToolPoolArgs,
     /// Invariant: a call is here until exactly one outcome was reported for it.
     running: HashMap<ActorId, Running>,
-}
-
-fn error_info(name: &str, code: &str) -> Option<ToolErrorInfo> {
-    Some(ToolErrorInfo {
-        name: name.into(),
-        code: code.into(),
-    })
 }
 
 impl PoolState {
@@ -115,18 +107,6 @@ impl Actor for ToolPoolActor {
                 tool,
                 cancel,
             } => {
-                let Some(tool) = tool else {
-                    let output = ToolOutput::error(
-                        format!("tool {:?} not found", invocation.name),
-                        error_info("ToolNotFoundError", "UNKNOWN_TOOL"),
-                    );
-                    let _ = state.args.agent.cast(AgentMsg::ToolFinished {
-                        ticket,
-                        idx,
-                        output,
-                    });
-                    return Ok(());
-                };
                 let args = ToolCallArgs {
                     ticket,
                     idx,
@@ -171,10 +151,9 @@ impl Actor for ToolPoolActor {
                     }
                     state.report(
                         id,
-                        ToolOutput::error(
-                            "tool call aborted: it did not stop within the grace period and was killed",
-                            error_info("AbortError", "ABORTED"),
-                        ),
+                        ToolOutput::aborted(Some(
+                            "it did not stop within the grace period and was killed",
+                        )),
                     );
                 }
             }
@@ -207,19 +186,10 @@ impl Actor for ToolPoolActor {
         // Never stop the pool because a call ended (ractor's default would).
         match event {
             SupervisionEvent::ActorFailed(cell, err) => {
-                state.report(
-                    cell.get_id(),
-                    ToolOutput::error(
-                        format!("tool panicked: {err}"),
-                        error_info("ToolPanicError", "TOOL_PANICKED"),
-                    ),
-                );
+                state.report(cell.get_id(), ToolOutput::panicked(err));
             }
             SupervisionEvent::ActorTerminated(cell, _, Some(reason)) if reason == "killed" => {
-                state.report(
-                    cell.get_id(),
-                    ToolOutput::error("tool call aborted", error_info("AbortError", "ABORTED")),
-                );
+                state.report(cell.get_id(), ToolOutput::aborted(None));
             }
             // A normal stop follows the call's `Done`, which may still be queued behind this
             // (supervision events overtake messages): nothing to report here.
@@ -289,10 +259,7 @@ impl Actor for ToolCallActor {
                 Ok(output) => output,
                 Err(_) => {
                     cancel.cancel();
-                    ToolOutput::error(
-                        format!("tool timed out after {} ms", timeout.as_millis()),
-                        error_info("ToolTimeoutError", "TIMEOUT"),
-                    )
+                    ToolOutput::timed_out(timeout.as_millis())
                 }
             };
         let _ = pool.cast(PoolMsg::Done {

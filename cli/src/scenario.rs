@@ -33,7 +33,6 @@ use dsh::scenario::{
     TurnStoppingDo, TurnStoppingEntry, event_json,
 };
 use dsh::session::Event;
-use dsh::session::event::ToolErrorInfo;
 use dsh::session::store::SessionStore;
 use dsh::session::store::memory::MemoryStore;
 use dsh::tools::{ExecutionMode, Tool, ToolArgs, ToolInvocation, ToolOutput, ToolRegistry};
@@ -382,16 +381,6 @@ struct ScenarioTool {
     gates: Gates,
 }
 
-fn aborted() -> ToolOutput {
-    ToolOutput::error(
-        "tool call aborted",
-        Some(ToolErrorInfo {
-            name: "AbortError".into(),
-            code: "ABORTED".into(),
-        }),
-    )
-}
-
 #[async_trait]
 impl Tool for ScenarioTool {
     fn name(&self) -> &str {
@@ -423,13 +412,13 @@ impl Tool for ScenarioTool {
         if b.delay_ms > 0 {
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_millis(b.delay_ms)) => {}
-                () = cancel.cancelled() => return aborted(),
+                () = cancel.cancelled() => return ToolOutput::aborted(None),
             }
         }
         if let Some(gate) = &b.gate {
             tokio::select! {
                 () = self.gates.wait(gate) => {}
-                () = cancel.cancelled() => return aborted(),
+                () = cancel.cancelled() => return ToolOutput::aborted(None),
             }
         }
         if b.panic {

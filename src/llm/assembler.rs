@@ -32,8 +32,12 @@ use crate::llm::types::{
 /// Why the assembled blocks cannot be produced.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AssembleError {
+    /// A block started and never ended.
     #[error("cannot assemble incomplete block of type {block_type:?}")]
-    IncompleteBlock { block_type: String },
+    IncompleteBlock {
+        /// The block's type.
+        block_type: String,
+    },
 }
 
 /// What the assembler knows about one index.
@@ -150,6 +154,7 @@ pub struct BlockAssembler {
 }
 
 impl BlockAssembler {
+    /// An assembler that has seen nothing.
     pub fn new() -> BlockAssembler {
         BlockAssembler::default()
     }

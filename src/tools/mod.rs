@@ -32,7 +32,9 @@ pub enum ExecutionMode {
 /// the raw string when it is not valid JSON (the tool then validates or rejects it).
 #[derive(Clone, Debug, PartialEq)]
 pub enum ToolArgs {
+    /// The arguments parsed as JSON (`{}` for an empty string).
     Json(Value),
+    /// The raw string, which is not valid JSON.
     Raw(String),
 }
 
@@ -60,18 +62,24 @@ impl ToolArgs {
 /// One tool call as handed to `Tool::execute`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolInvocation {
+    /// The agent.
     pub session_id: SessionId,
+    /// The turn of the call.
     pub turn: u64,
+    /// The step of the call.
     pub step: u64,
     /// The model's call id.
     pub call_id: String,
+    /// The tool called.
     pub name: String,
+    /// The call's arguments.
     pub arguments: ToolArgs,
 }
 
 /// What a tool call produced.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ToolOutput {
+    /// The model sees this result as an error.
     pub is_error: bool,
     /// The model-facing result content.
     pub content: Vec<ContentBlock>,
@@ -103,12 +111,85 @@ impl ToolOutput {
             ..ToolOutput::default()
         }
     }
+
+    /// The error result of a call that was running when its turn was aborted: its body returned
+    /// after the cancel, or was killed (`detail` says how, when it matters to the model).
+    pub fn aborted(detail: Option<&str>) -> ToolOutput {
+        let message = match detail {
+            Some(detail) => format!("tool call aborted: {detail}"),
+            None => "tool call aborted".to_string(),
+        };
+        ToolOutput::error(message, error_info("AbortError", "ABORTED"))
+    }
+
+    /// The error result of a logged call whose body never started because its turn was aborted
+    /// first.
+    pub fn aborted_before_dispatch() -> ToolOutput {
+        ToolOutput::error(
+            "tool call aborted before dispatch",
+            error_info("AbortError", "ABORTED_BEFORE_DISPATCH"),
+        )
+    }
+
+    /// The error result of a body that ran past the tool timeout (`timeout_ms`) and was cancelled.
+    pub fn timed_out(timeout_ms: u128) -> ToolOutput {
+        ToolOutput::error(
+            format!("tool timed out after {timeout_ms} ms"),
+            error_info("ToolTimeoutError", "TIMEOUT"),
+        )
+    }
+
+    /// The error result of a body, or a tool hook, that panicked (`reason`: the panic's message).
+    pub fn panicked(reason: impl std::fmt::Display) -> ToolOutput {
+        ToolOutput::error(
+            format!("tool panicked: {reason}"),
+            error_info("ToolPanicError", "TOOL_PANICKED"),
+        )
+    }
+
+    /// The error result of a call to a tool the agent does not have.
+    pub fn unknown_tool(name: &str) -> ToolOutput {
+        ToolOutput::error(
+            format!("tool {name:?} not found"),
+            error_info("ToolNotFoundError", "UNKNOWN_TOOL"),
+        )
+    }
+
+    /// The error result of a call whose `pre_execute` or `post_execute` hook failed or panicked
+    /// (`reason`: the hook's error).
+    pub fn hook_failed(reason: impl std::fmt::Display) -> ToolOutput {
+        ToolOutput::error(
+            format!("tool hook failed: {reason}"),
+            error_info("ToolHookError", "TOOL_HOOK_FAILED"),
+        )
+    }
+
+    /// The result of a logged call whose outcome was lost because the tool pool itself failed.
+    pub fn outcome_unknown(reason: &str) -> ToolOutput {
+        ToolOutput::error(
+            format!("tool outcome unknown: the tool pool failed: {reason}"),
+            error_info(
+                "ToolOutcomeUnknownError",
+                crate::session::repair::TOOL_OUTCOME_UNKNOWN,
+            ),
+        )
+    }
+}
+
+/// The failure identity of a tool error result.
+fn error_info(name: &str, code: &str) -> Option<ToolErrorInfo> {
+    Some(ToolErrorInfo {
+        name: name.into(),
+        code: code.into(),
+    })
 }
 
 /// A tool the model can call.
 #[async_trait]
 pub trait Tool: Send + Sync + 'static {
+    /// The name the model calls the tool by.
     fn name(&self) -> &str;
+    /// What the tool does, for the model.
     fn description(&self) -> &str;
     /// The JSON schema of the arguments object.
     fn parameters(&self) -> Value;

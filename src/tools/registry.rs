@@ -17,6 +17,7 @@ pub struct ToolRegistry {
 }
 
 impl ToolRegistry {
+    /// No tools.
     pub fn new() -> ToolRegistry {
         ToolRegistry::default()
     }
@@ -26,14 +27,17 @@ impl ToolRegistry {
         Arc::make_mut(&mut self.by_name).insert(tool.name().to_string(), tool);
     }
 
+    /// The tool called `name`, if registered.
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
         self.by_name.get(name)
     }
 
+    /// No tool is registered.
     pub fn is_empty(&self) -> bool {
         self.by_name.is_empty()
     }
 
+    /// How many tools are registered.
     pub fn len(&self) -> usize {
         self.by_name.len()
     }

@@ -20,7 +20,9 @@ use crate::tools::ExecutionMode;
 /// One call the model asked for, in model order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlannedCall {
+    /// The model's call id.
     pub call_id: String,
+    /// The tool called.
     pub name: String,
     /// The raw argument string.
     pub arguments: String,
@@ -77,26 +79,32 @@ impl ToolSchedule {
         }
     }
 
+    /// Every call, in model order.
     pub fn calls(&self) -> &[PlannedCall] {
         &self.calls
     }
 
+    /// Call `idx`.
     pub fn call(&self, idx: usize) -> &PlannedCall {
         &self.calls[idx]
     }
 
+    /// Where call `idx` is.
     pub fn state(&self, idx: usize) -> SlotState {
         self.states[idx]
     }
 
+    /// How many calls the batch has.
     pub fn len(&self) -> usize {
         self.calls.len()
     }
 
+    /// The batch has no call.
     pub fn is_empty(&self) -> bool {
         self.calls.is_empty()
     }
 
+    /// The batch was aborted: nothing new starts.
     pub fn is_aborted(&self) -> bool {
         self.aborted
     }

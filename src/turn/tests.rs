@@ -5,8 +5,12 @@
 use std::collections::VecDeque;
 
 use super::*;
+use crate::hooks::{PreExecute, Recovery};
 use crate::llm::types::{BlockType, TokenUsage};
+use crate::llm::types::{ContentBlock, FinishReason, Role, StreamChunk};
+use crate::session::event::HeaderReason;
 use crate::session::invariant;
+use crate::tools::{ToolArgs, ToolInvocation, ToolOutput};
 
 fn user(text: &str) -> Message {
     Message::user_text(MessageId::mint(), text)
@@ -119,6 +123,46 @@ impl crate::tools::Tool for TestTool {
     }
 }
 
+/// The provider of route `p`: the harness answers its streams from the script, so it never streams.
+struct ScriptedRoute;
+
+impl crate::llm::provider::Provider for ScriptedRoute {
+    fn name(&self) -> &str {
+        "p"
+    }
+
+    fn stream(
+        &self,
+        _request: LlmRequest,
+        _cancel: tokio_util::sync::CancellationToken,
+    ) -> crate::llm::provider::ChunkStream {
+        unreachable!("the harness answers streams from its script")
+    }
+}
+
+/// `core` wired as the runtime would, with every hook point run by the harness, route `p`, and
+/// message ids `m1`, `m2`, ... in minting order.
+fn wired(mut core: AgentCore) -> AgentCore {
+    core.wire(wiring(crate::hooks::HookPoints::ALL));
+    core
+}
+
+/// The harness's wiring with `hooks` as the points that have hooks.
+fn wiring(hooks: crate::hooks::HookPoints) -> Wiring {
+    let mut providers = crate::llm::provider::ProviderRegistry::new();
+    providers.register(Arc::new(ScriptedRoute));
+    let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let ids = MessageIds::from_fn(move || {
+        let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        MessageId::new(&format!("m{i}")).expect("a valid id")
+    });
+    Wiring {
+        hooks,
+        providers,
+        ids,
+    }
+}
+
 type PreStepFn = Box<dyn FnMut(u64, u64, Vec<Arc<Message>>) -> Result<PreStepDecision, HookError>>;
 
 struct Harness {
@@ -141,6 +185,8 @@ struct Harness {
     hold_durability: bool,
     tool_contexts: Vec<(String, Message)>,
     concluding: Vec<String>,
+    /// The hook points run, in order.
+    hook_runs: Vec<String>,
 }
 
 impl Harness {
@@ -159,7 +205,11 @@ impl Harness {
         let mut config = AgentConfig::new("p", "m");
         config.max_parallel_tool_calls = 2;
         Harness {
-            core: AgentCore::new(SessionId::new("a1").unwrap(), config, registry),
+            core: wired(AgentCore::new(
+                SessionId::new("a1").unwrap(),
+                config,
+                registry,
+            )),
             script: script.into(),
             requests: Vec::new(),
             live: Vec::new(),
@@ -174,6 +224,7 @@ impl Harness {
             hold_durability: false,
             tool_contexts: Vec::new(),
             concluding: Vec::new(),
+            hook_runs: Vec::new(),
         }
     }
 
@@ -195,29 +246,29 @@ impl Harness {
     }
 
     fn execute(&mut self, effect: Effect) {
+        if let Effect::RunHooks(call) = &effect {
+            let debug = format!("{call:?}");
+            let name = debug.split([' ', '{']).next().unwrap_or_default();
+            self.hook_runs.push(name.to_string());
+        }
         match effect {
             Effect::Notify(e) => self.live.push(e),
             Effect::NewCancelToken | Effect::CancelToken | Effect::TurnEnded { .. } => {}
             Effect::LoadLog { ticket } => self.loads.push(ticket),
-            Effect::RunPreStep {
+            Effect::RunHooks(HookCall::PreStep {
                 ticket,
                 turn,
                 step,
                 messages,
-            } => {
+            }) => {
                 let decision = match &mut self.pre_step {
                     Some(f) => f(turn, step, messages),
                     None => Ok(PreStepDecision::Enter(messages)),
                 };
                 self.core.on_pre_step(ticket, decision, 0);
             }
-            Effect::RunRequestHook { ticket, config, .. } => {
-                self.core.on_request_configured(
-                    ticket,
-                    Ok(config),
-                    Some(ProviderFacts::default()),
-                    0,
-                );
+            Effect::RunHooks(HookCall::Request { ticket, config, .. }) => {
+                self.core.on_request_configured(ticket, Ok(config), 0);
             }
             Effect::StartStream {
                 ticket, request, ..
@@ -244,19 +295,21 @@ impl Harness {
                     self.hanging = None;
                 }
             }
-            Effect::RunRequestError { ticket, .. } => {
+            Effect::RunHooks(HookCall::RequestError { ticket, .. }) => {
                 let r = self.recovery.pop_front().unwrap_or(Recovery::Delegate);
                 self.core.on_recovery(ticket, Ok(r), 0);
             }
             Effect::StartTimer { ticket, .. } => self.timers.push(ticket),
             Effect::CancelTimer { ticket } => self.timers.retain(|t| *t != ticket),
-            Effect::RunPreExecute { ticket, idx, .. } => {
-                self.core.on_pre_execute(ticket, idx, PreExecute::Allow, 0);
+            Effect::RunHooks(HookCall::PreExecute { ticket, idx, .. }) => {
+                self.core
+                    .on_pre_execute(ticket, idx, Ok(PreExecute::Allow), 0);
             }
             Effect::StartTool {
                 ticket,
                 idx,
                 invocation,
+                ..
             } => {
                 if self.auto_tools {
                     let out = self.output_for(&invocation.call_id);
@@ -270,27 +323,17 @@ impl Harness {
                 let running = std::mem::take(&mut self.running);
                 for (t, idx, _) in running {
                     assert_eq!(t, ticket);
-                    self.core.on_tool_finished(
-                        t,
-                        idx,
-                        ToolOutput::error(
-                            "tool call aborted",
-                            Some(ToolErrorInfo {
-                                name: "AbortError".into(),
-                                code: "ABORTED".into(),
-                            }),
-                        ),
-                        0,
-                    );
+                    self.core
+                        .on_tool_finished(t, idx, ToolOutput::aborted(None), 0);
                 }
             }
-            Effect::RunPostExecute {
+            Effect::RunHooks(HookCall::PostExecute {
                 ticket,
                 idx,
                 output,
                 ..
-            } => self.core.on_post_execute(ticket, idx, output, 0),
-            Effect::RunTurnStopping { ticket, .. } => {
+            }) => self.core.on_post_execute(ticket, idx, Ok(output), 0),
+            Effect::RunHooks(HookCall::TurnStopping { ticket, .. }) => {
                 let a = self.turn_stopping.pop_front().unwrap_or_default();
                 self.core.on_turn_stopping(ticket, Ok(a), 0);
             }
@@ -1053,6 +1096,8 @@ fn a_hibernated_agent_reads_its_log_back_before_the_next_turn() {
     let stored = h.events().to_vec();
     assert!(h.core.hibernate());
     assert!(h.core.session().is_none());
+    // As the actor that wakes a dormant agent does.
+    h.core.wire(wiring(crate::hooks::HookPoints::ALL));
     h.core.inject(user("ctx"), 0).unwrap();
     h.followup("b");
     let ticket = h.loads.pop().expect("a load was requested");
@@ -1072,14 +1117,16 @@ fn resume_marks_the_seed_and_continues_turn_numbers() {
     let mut config = AgentConfig::new("p", "m");
     config.max_parallel_tool_calls = 1;
     let mut h2 = Harness::new(vec![text("two")]);
-    h2.core = AgentCore::resume(
-        SessionId::new("a1").unwrap(),
-        config,
-        ToolRegistry::new(),
-        events.clone(),
-        0,
-    )
-    .unwrap();
+    h2.core = wired(
+        AgentCore::resume(
+            SessionId::new("a1").unwrap(),
+            config,
+            ToolRegistry::new(),
+            events.clone(),
+            0,
+        )
+        .unwrap(),
+    );
     h2.followup("b");
     assert_eq!(h2.events()[events.len()].kind(), "session/end-seed");
     let headers: Vec<HeaderReason> = h2
@@ -1133,7 +1180,11 @@ fn an_oversized_response_is_cut_and_fails_the_attempt() {
     let mut h = Harness::new(vec![]);
     let mut config = h.core.config().clone();
     config.limits.assistant_bytes_max = 10;
-    h.core = AgentCore::new(SessionId::new("a1").unwrap(), config, ToolRegistry::new());
+    h.core = wired(AgentCore::new(
+        SessionId::new("a1").unwrap(),
+        config,
+        ToolRegistry::new(),
+    ));
     h.script.push_back(Reply::Chunks(text_chunks(
         "this text is too long",
         FinishReason::Stop,
@@ -1145,4 +1196,94 @@ fn an_oversized_response_is_cut_and_fails_the_attempt() {
     }
     assert!(!h.kinds().contains(&"assistant/message"));
     h.check();
+}
+
+#[test]
+fn a_hook_point_with_no_hook_registered_produces_no_effect() {
+    let script = || vec![calls(&[("c1", "read")]), text("done")];
+    let tools = [("read", crate::tools::ExecutionMode::Parallel)];
+    let mut hooked = Harness::with_tools(script(), &tools);
+    hooked.followup("go");
+    assert_eq!(
+        hooked.hook_runs,
+        [
+            "PreStep",
+            "Request",
+            "PreExecute",
+            "PostExecute",
+            "PreStep",
+            "Request",
+            "TurnStopping"
+        ]
+    );
+    let mut bare = Harness::with_tools(script(), &tools);
+    bare.core.wire(wiring(crate::hooks::HookPoints::default()));
+    bare.followup("go");
+    assert!(bare.hook_runs.is_empty(), "{:?}", bare.hook_runs);
+    // The neutral answers the core takes itself log exactly what answered hooks log.
+    assert_eq!(bare.kinds(), hooked.kinds());
+    bare.check();
+}
+
+#[test]
+fn a_route_with_no_provider_fails_the_attempt_with_no_adapter_and_opens_no_stream() {
+    let mut h = Harness::new(vec![]);
+    h.core = wired(AgentCore::new(
+        SessionId::new("a1").unwrap(),
+        AgentConfig::new("nowhere", "m"),
+        ToolRegistry::new(),
+    ));
+    h.followup("go");
+    assert!(h.requests.is_empty());
+    assert_eq!(
+        h.kinds(),
+        [
+            "agent/inbox/spliced",
+            "turn/start",
+            "agent/inbox/spliced",
+            "step/start",
+            "user/message",
+            "request/header",
+            "request/context",
+            "assistant/chunk",
+            "step/end",
+            "turn/end"
+        ]
+    );
+    assert_eq!(
+        h.turn_end_reasons(),
+        [TurnEndReason::Error {
+            error: LlmFailure::new(
+                codes::NO_ADAPTER,
+                "no provider registered for route \"nowhere\""
+            )
+        }]
+    );
+    h.check();
+}
+
+#[test]
+fn the_machine_takes_message_ids_from_its_wiring() {
+    let mut h = Harness::with_tools(
+        vec![calls(&[("c1", "read")]), text("done")],
+        &[("read", crate::tools::ExecutionMode::Parallel)],
+    );
+    h.followup("go");
+    let minted: Vec<(&str, String)> = h
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::AssistantMessage(m) => Some(("assistant", m.message.id.to_string())),
+            EventData::ToolResult(r) => Some(("tool", r.message.id.to_string())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        minted,
+        [
+            ("assistant", "m1".to_string()),
+            ("tool", "m2".to_string()),
+            ("assistant", "m3".to_string())
+        ]
+    );
 }
