@@ -21,6 +21,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store: Arc<dyn SessionStore> = sqlite.clone();
     let mut providers = ProviderRegistry::new();
     providers.register(Arc::new(SimProvider::new(SimConfig::instant(7))?));
+    // Failed requests (rate limits, server errors, timeouts) are retried under each provider's
+    // policy; `.retry(dsh_actors::DefaultRetry::Off)` would turn that off, and `request_error`
+    // hooks given to `.hooks(..)` would replace it.
     let host = Host::builder(store).providers(providers).start().await?;
 
     let agent = host

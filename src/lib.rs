@@ -10,6 +10,8 @@
 //! Nothing here spawns actors or knows the actor framework: `dsh-actors` drives these types. Time enters as an
 //! argument.
 
+#![warn(missing_docs)]
+
 pub mod hooks;
 pub mod ids;
 pub mod inbox;

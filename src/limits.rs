@@ -60,6 +60,7 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// Every bound at its default, each with its reason on the field above.
     pub const DEFAULT: Limits = Limits {
         message_bytes_max: 1 << 20,
         content_blocks_max: 512,

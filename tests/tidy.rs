@@ -1,6 +1,7 @@
 //! Tidy checks that keep the code base honest: every source file explains itself (`//!` first), the
-//! domain core (`src/`) never names the actor framework — the dependency points one way — and the
-//! runtime (`actors/`) carries nothing of the command line.
+//! domain core (`src/`) never names the actor framework — the dependency points one way — the
+//! runtime (`actors/`) carries nothing of the command line, exports no module, and its modules import
+//! each other without a circle.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -104,6 +105,130 @@ fn the_runtime_builds_without_the_command_line() {
         offenders.is_empty(),
         "actors/src names dsh_cli: {offenders:#?}"
     );
+}
+
+/// `dsh-actors` exports the runtime's API at its root and no module: the agent actor's mailbox
+/// (`AgentMsg`) and every other internal stays private.
+#[test]
+fn the_runtime_exports_no_module() {
+    let lib = fs::read_to_string(root().join("actors/src/lib.rs")).unwrap_or_default();
+    assert!(
+        lib.contains("pub use "),
+        "actors/src/lib.rs exports nothing"
+    );
+    let exported: Vec<&str> = lib
+        .lines()
+        .filter(|l| l.starts_with("pub mod ") || (l.starts_with("pub use ") && l.contains("msg")))
+        .collect();
+    assert!(
+        exported.is_empty(),
+        "actors/src/lib.rs exports internals: {exported:#?}"
+    );
+}
+
+/// The module of a file under `actors/src`, as a path: `host`, `agent`, `agent::msg`.
+fn actor_module(file: &Path) -> String {
+    let relative = file
+        .strip_prefix(root().join("actors/src"))
+        .unwrap_or(file)
+        .with_extension("");
+    let parts: Vec<String> = relative
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .filter(|p| p != "mod")
+        .collect();
+    parts.join("::")
+}
+
+/// The modules `text` (the source of `module`) names through `crate::` or `self::` paths, mapped to
+/// the longest known module each path starts with.
+fn named_modules(module: &str, text: &str, modules: &[String]) -> Vec<String> {
+    let mut named = Vec::new();
+    for (prefix, base) in [
+        ("crate::", String::new()),
+        ("self::", format!("{module}::")),
+    ] {
+        for (at, _) in text.match_indices(prefix) {
+            let path: String = text[at + prefix.len()..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            let full = format!("{base}{path}");
+            let target = modules
+                .iter()
+                .filter(|m| full == **m || full.starts_with(&format!("{m}::")))
+                .max_by_key(|m| m.len());
+            if let Some(target) = target
+                && target != module
+                && !named.contains(target)
+            {
+                named.push(target.clone());
+            }
+        }
+    }
+    named
+}
+
+/// The runtime's modules import each other one way (host → agent → children; handle → slot; every
+/// layer → error, observe, runtime), so each can be read, and changed, without the ones above it.
+#[test]
+fn the_runtime_modules_import_no_circle() {
+    let mut files = Vec::new();
+    rust_files(&root().join("actors/src"), &mut files);
+    let modules: Vec<String> = files
+        .iter()
+        .map(|f| actor_module(f))
+        .filter(|m| m != "lib")
+        .collect();
+    let edges: Vec<(String, Vec<String>)> = files
+        .iter()
+        .filter(|f| actor_module(f) != "lib")
+        .map(|f| {
+            let module = actor_module(f);
+            let text = fs::read_to_string(f).unwrap_or_default();
+            let named = named_modules(&module, &text, &modules);
+            (module, named)
+        })
+        .collect();
+    assert!(edges.len() > 5, "found only {} modules", edges.len());
+    // Depth-first search from every module; a module met again on the current path closes a circle.
+    fn visit(
+        module: &str,
+        edges: &[(String, Vec<String>)],
+        path: &mut Vec<String>,
+        done: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|m| m == module) {
+            let mut circle = path[at..].to_vec();
+            circle.push(module.to_string());
+            return Some(circle);
+        }
+        if done.iter().any(|m| m == module) {
+            return None;
+        }
+        path.push(module.to_string());
+        let next = edges
+            .iter()
+            .find(|(m, _)| m == module)
+            .map(|(_, n)| n.clone())
+            .unwrap_or_default();
+        for n in next {
+            if let Some(circle) = visit(&n, edges, path, done) {
+                return Some(circle);
+            }
+        }
+        path.pop();
+        done.push(module.to_string());
+        None
+    }
+    let mut done = Vec::new();
+    for (module, _) in &edges {
+        let circle = visit(module, &edges, &mut Vec::new(), &mut done);
+        assert_eq!(
+            circle, None,
+            "actors/src modules import each other in a circle"
+        );
+    }
 }
 
 /// The production part of a source file: everything before its inline `#[cfg(test)] mod tests`.

@@ -13,108 +13,51 @@
 //! when `shutdown` returns. Pending input is kept for the next start.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use dsh::SessionId;
-use dsh::hooks::Hooks;
-use dsh::limits::Limits;
+use dsh::hooks::{Hooks, RequestErrorHook};
 use dsh::llm::provider::ProviderRegistry;
+use dsh::llm::retry::{RetryHook, RetryPolicy};
 use dsh::session::event::CancelCause;
 use dsh::session::store::{SessionStore, StoreError};
 use dsh::session::{Event, SessionHeader};
 use dsh::tools::ToolRegistry;
 use dsh::turn::{AgentConfig, AgentCore};
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tracing::{info, warn};
 
-use crate::agent::handle::{AgentHandle, AgentSlot, SlotState};
 use crate::agent::{AgentActor, AgentArgs, now_ms};
+use crate::error::HostError;
+use crate::handle::AgentHandle;
 use crate::observe::{Channel, Observed, Subscription};
-
-/// Host-wide settings.
-#[derive(Clone, Debug)]
-pub struct HostConfig {
-    pub limits: Limits,
-    /// An agent idle this long hibernates: it drops its in-memory log and its actor stops, leaving
-    /// a compact core (~5–8 KB) in the registry until the next input wakes it. `None` never
-    /// hibernates.
-    pub hibernate_after: Option<Duration>,
-    /// Restarts allowed within `restart_window` before an agent is marked failed.
-    pub restart_max: u32,
-    pub restart_window: Duration,
-    /// How long `shutdown` and `dispose` wait for an agent to converge after cancelling it.
-    pub stop_timeout: Duration,
-}
-
-impl Default for HostConfig {
-    fn default() -> HostConfig {
-        HostConfig {
-            limits: Limits::DEFAULT,
-            hibernate_after: Some(Duration::from_secs(30)),
-            restart_max: 3,
-            restart_window: Duration::from_secs(10),
-            stop_timeout: Duration::from_secs(10),
-        }
-    }
-}
-
-/// Counters for reports (`dsh sim`).
-#[derive(Debug, Default)]
-pub struct Metrics {
-    turns: AtomicU64,
-    events: AtomicU64,
-}
-
-impl Metrics {
-    pub(crate) fn turn_ended(&self) {
-        self.turns.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn events_durable(&self, n: u64) {
-        self.events.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Turns ended since the host started.
-    pub fn turns(&self) -> u64 {
-        self.turns.load(Ordering::Relaxed)
-    }
-
-    /// Events acknowledged durable by the store since the host started.
-    pub fn events(&self) -> u64 {
-        self.events.load(Ordering::Relaxed)
-    }
-}
-
-/// What every agent of a host shares.
-pub(crate) struct Runtime {
-    pub(crate) store: Arc<dyn SessionStore>,
-    pub(crate) providers: ProviderRegistry,
-    pub(crate) tools: ToolRegistry,
-    pub(crate) hooks: Hooks,
-    pub(crate) config: HostConfig,
-    pub(crate) observers: Channel,
-    pub(crate) metrics: Arc<Metrics>,
-}
+use crate::runtime::{HostConfig, Metrics, Runtime};
+use crate::slot::{AgentSlot, SlotHost, SlotState};
 
 /// How to make (or resume) one agent.
 #[derive(Clone, Debug)]
 pub struct AgentSpec {
     /// The agent's id; minted when `None`.
     pub id: Option<SessionId>,
+    /// The agent's model route, prompt settings, limits and parallelism, shared by every core the
+    /// agent gets (restarts and wakes included).
     pub config: AgentConfig,
     /// This agent's tools, layered over the host's.
     pub tools: ToolRegistry,
-    /// This agent's hooks, after the host's.
+    /// This agent's hooks, after the host's (and before the host's default retry, which a
+    /// `request_error` hook here turns off unless the host's builder chose it; see `DefaultRetry`).
     pub hooks: Hooks,
     /// Working directory recorded in the session header.
     pub cwd: Option<String>,
 }
 
 impl AgentSpec {
+    /// A spec with `config`, a minted id, no tools or hooks of its own and no working directory.
     pub fn new(config: AgentConfig) -> AgentSpec {
         AgentSpec {
             id: None,
@@ -125,32 +68,55 @@ impl AgentSpec {
         }
     }
 
+    /// This spec with the agent's id set to `id`.
     pub fn with_id(mut self, id: SessionId) -> AgentSpec {
         self.id = Some(id);
         self
     }
 }
 
-/// Why a host operation failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// How a host retries a failed model request that no `request_error` hook recovered
+/// (`HostBuilder::retry`).
+///
+/// The choice runs as one `RetryHook` after every `request_error` hook of the host and of the
+/// agent, so a hook that decides (retry, or give up with a failure) wins and the default decides
+/// only when all of them delegated.
+///
+/// Unless `HostBuilder::retry` is called, the default is `ProviderPolicy` for every agent that has
+/// no `request_error` hook (neither the host's nor its own), and off for an agent that has one: a
+/// hook installed for that point owns the decision, so an explicitly installed `RetryHook` (the
+/// pattern before the default existed) runs alone instead of being followed by a second chain under
+/// the default policy. Calling `HostBuilder::retry` applies the choice to every agent, hooks or not.
+#[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
-pub enum HostError {
-    #[error("agent {id} already exists")]
-    AlreadyExists { id: SessionId },
-    #[error("agent {id} not found")]
-    NotFound { id: SessionId },
-    #[error("agent {id} cannot resume: {reason}")]
-    Resume { id: SessionId, reason: String },
-    #[error("store: {0}")]
-    Store(#[from] StoreError),
-    #[error("the runtime failed to start an actor: {0}")]
-    Spawn(String),
-    #[error("the host is shut down")]
-    ShutDown,
+pub enum DefaultRetry {
+    /// Each provider's own policy (`Provider::retry_policy`; `RetryPolicy::default()` unless the
+    /// provider says otherwise): `RATE_LIMIT`, `SERVER`, `TIMEOUT`, `TRANSPORT` and
+    /// `EMPTY_RESPONSE` are retried up to 5 times with exponential backoff.
+    #[default]
+    ProviderPolicy,
+    /// This policy for every provider.
+    Policy(RetryPolicy),
+    /// No retries: a failure no hook recovers ends the turn `error`.
+    Off,
 }
 
+impl DefaultRetry {
+    /// The hook that carries this choice out, if any.
+    fn hook(self) -> Option<Arc<dyn RequestErrorHook>> {
+        match self {
+            DefaultRetry::ProviderPolicy => Some(Arc::new(RetryHook::new())),
+            DefaultRetry::Policy(policy) => Some(Arc::new(RetryHook::with_policy(policy))),
+            DefaultRetry::Off => None,
+        }
+    }
+}
+
+/// What the host keeps of one registered agent.
 struct AgentRecord {
+    /// The slot every handle of the agent reaches it through.
     slot: Arc<AgentSlot>,
+    /// How the agent was made; its tools and hooks are layered again at every (re)start.
     spec: AgentSpec,
     /// `spec.config`, shared with every core of this agent.
     config: Arc<AgentConfig>,
@@ -158,10 +124,16 @@ struct AgentRecord {
     restarts: Mutex<VecDeque<Instant>>,
 }
 
-pub(crate) struct Registry {
+/// The registry of a host's agents, shared by the `Host` handles, the `HostActor` and (weakly, as a
+/// `SlotHost`) every agent slot.
+struct Registry {
+    /// What every agent shares.
     runtime: Arc<Runtime>,
+    /// The registered agents (live, dormant, restarting or failed), by id.
     agents: DashMap<SessionId, Arc<AgentRecord>>,
+    /// The agent each live agent actor runs, so a supervision event finds its record.
     by_actor: DashMap<ActorId, SessionId>,
+    /// The `HostActor`, which agent actors are linked to; set once it started.
     host_cell: OnceLock<ActorCell>,
 }
 
@@ -180,31 +152,49 @@ impl std::fmt::Debug for Host {
     }
 }
 
-/// Builds a host.
+/// Builds a host: `Host::builder(store)`, then any of the setters, then `start`. Each setter
+/// replaces what an earlier call of the same setter set.
 pub struct HostBuilder {
     store: Arc<dyn SessionStore>,
     providers: ProviderRegistry,
     tools: ToolRegistry,
     hooks: Hooks,
+    /// `None` until `retry` is called: then the default yields to explicit `request_error` hooks.
+    retry: Option<DefaultRetry>,
     config: HostConfig,
 }
 
 impl HostBuilder {
+    /// The model backends agents may route to (default: none, so every request fails with
+    /// `NO_ADAPTER`).
     pub fn providers(mut self, providers: ProviderRegistry) -> HostBuilder {
         self.providers = providers;
         self
     }
 
+    /// Tools every agent has; an agent's own tools (`AgentSpec::tools`) are layered over them.
     pub fn tools(mut self, tools: ToolRegistry) -> HostBuilder {
         self.tools = tools;
         self
     }
 
+    /// Hooks every agent runs, before the agent's own (`AgentSpec::hooks`). `request_error` hooks
+    /// given here replace the default retry, unless `retry` is called too (see `DefaultRetry`).
     pub fn hooks(mut self, hooks: Hooks) -> HostBuilder {
         self.hooks = hooks;
         self
     }
 
+    /// How failed model requests are retried when no `request_error` hook recovers them, for every
+    /// agent (without this call: each provider's own policy, for agents with no `request_error`
+    /// hook; see `DefaultRetry`). `DefaultRetry::Off` turns retries off; `DefaultRetry::Policy`
+    /// replaces the policy for every provider.
+    pub fn retry(mut self, retry: DefaultRetry) -> HostBuilder {
+        self.retry = Some(retry);
+        self
+    }
+
+    /// Host-wide settings (default: `HostConfig::default()`).
     pub fn config(mut self, config: HostConfig) -> HostBuilder {
         self.config = config;
         self
@@ -221,6 +211,8 @@ impl HostBuilder {
             providers: self.providers,
             tools: self.tools,
             hooks: self.hooks,
+            retry_yields_to_hooks: self.retry.is_none(),
+            retry: self.retry.unwrap_or_default().hook(),
             config: self.config,
             metrics: Arc::new(Metrics::default()),
         });
@@ -245,24 +237,30 @@ impl HostBuilder {
 }
 
 impl Host {
+    /// A builder of a host whose agents keep their logs in `store`, with no providers, tools or
+    /// hooks, the default retry (`DefaultRetry`) and `HostConfig::default()`.
     pub fn builder(store: Arc<dyn SessionStore>) -> HostBuilder {
         HostBuilder {
             store,
             providers: ProviderRegistry::new(),
             tools: ToolRegistry::new(),
             hooks: Hooks::new(),
+            retry: None,
             config: HostConfig::default(),
         }
     }
 
+    /// The host's settings, as given to the builder.
     pub fn config(&self) -> &HostConfig {
         &self.registry.runtime.config
     }
 
+    /// The store every agent's log lives in.
     pub fn store(&self) -> &Arc<dyn SessionStore> {
         &self.registry.runtime.store
     }
 
+    /// Counters of the host's work since it started.
     pub fn metrics(&self) -> &Metrics {
         &self.registry.runtime.metrics
     }
@@ -290,9 +288,7 @@ impl Host {
             self.registry.agents.remove(&id);
             return Err(e);
         }
-        Ok(AgentHandle {
-            slot: Arc::clone(&record.slot),
-        })
+        Ok(AgentHandle::new(Arc::clone(&record.slot)))
     }
 
     /// Resumes a stored agent (repairing an interrupted last turn), or returns the live one.
@@ -305,9 +301,7 @@ impl Host {
         }
         let record = self.reserve(id, &spec)?;
         match self.registry.restore(&record).await {
-            Ok(()) => Ok(AgentHandle {
-                slot: Arc::clone(&record.slot),
-            }),
+            Ok(()) => Ok(AgentHandle::new(Arc::clone(&record.slot))),
             Err(e) => {
                 self.registry.agents.remove(id);
                 Err(e)
@@ -331,6 +325,7 @@ impl Host {
         self.create(spec).await
     }
 
+    /// Registers `id` with a fresh slot (no actor yet), or refuses a taken id.
     fn reserve(&self, id: &SessionId, spec: &AgentSpec) -> Result<Arc<AgentRecord>, HostError> {
         match self.registry.agents.entry(id.clone()) {
             Entry::Occupied(_) => Err(HostError::AlreadyExists { id: id.clone() }),
@@ -339,7 +334,7 @@ impl Host {
                     slot: Arc::new(AgentSlot::new(
                         id.clone(),
                         self.registry.runtime.config.limits.subscriber_buffer_max,
-                        Arc::downgrade(&self.registry),
+                        Arc::downgrade(&self.registry) as Weak<dyn SlotHost>,
                     )),
                     config: Arc::new(spec.config.clone()),
                     spec: spec.clone(),
@@ -353,9 +348,10 @@ impl Host {
 
     /// The live agent with this id.
     pub fn get(&self, id: &SessionId) -> Option<AgentHandle> {
-        self.registry.agents.get(id).map(|r| AgentHandle {
-            slot: Arc::clone(&r.slot),
-        })
+        self.registry
+            .agents
+            .get(id)
+            .map(|r| AgentHandle::new(Arc::clone(&r.slot)))
     }
 
     /// Ids of live agents.
@@ -413,9 +409,7 @@ impl Host {
             _ => {}
         }
         self.registry.restore(&record).await?;
-        Ok(AgentHandle {
-            slot: Arc::clone(&record.slot),
-        })
+        Ok(AgentHandle::new(Arc::clone(&record.slot)))
     }
 
     /// Stops every agent (streams, then tools, then writers drained) and the host itself. Pending
@@ -438,12 +432,13 @@ impl Host {
 }
 
 impl Registry {
+    /// Spawns an agent actor over `core`, linked to the host; it publishes itself `Live` in the slot.
     async fn spawn(&self, record: &Arc<AgentRecord>, core: AgentCore) -> Result<(), HostError> {
         let host_cell = self.host_cell.get().cloned().ok_or(HostError::ShutDown)?;
         let actor = AgentActor {
             runtime: Arc::clone(&self.runtime),
             slot: Arc::clone(&record.slot),
-            hooks: self.runtime.hooks.layered(&record.spec.hooks),
+            hooks: self.runtime.agent_hooks(&record.spec.hooks),
             passivated: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
         let (agent, _) = Actor::spawn_linked(None, actor, AgentArgs { core }, host_cell)
@@ -452,34 +447,6 @@ impl Registry {
         // The actor published itself as `Live` in `pre_start`: it may already have passivated.
         self.by_actor.insert(agent.get_id(), record.slot.id.clone());
         Ok(())
-    }
-
-    /// Spawns an actor over a dormant agent's core (the caller took it from the slot).
-    ///
-    /// # Errors
-    /// Why the actor could not start (the agent is then marked failed by the caller).
-    pub(crate) async fn wake(&self, slot: &Arc<AgentSlot>, core: AgentCore) -> Result<(), String> {
-        let record = self
-            .agents
-            .get(&slot.id)
-            .map(|r| Arc::clone(&r))
-            .ok_or_else(|| format!("agent {} is no longer registered", slot.id))?;
-        self.spawn(&record, core).await.map_err(|e| e.to_string())
-    }
-
-    /// The durable log of an agent, read straight from the store.
-    ///
-    /// # Errors
-    /// The store's failure, as text.
-    pub(crate) async fn read_log(&self, id: &SessionId) -> Result<Vec<Event>, String> {
-        // Read-only: the agent may wake and open a turn while this reads, which a repairing
-        // `load` would close behind its back.
-        self.runtime
-            .store
-            .inspect(id)
-            .await
-            .map(|found| found.events)
-            .map_err(|e| e.to_string())
     }
 
     /// Reads the agent's log back (after any in-flight write of a previous instance landed), repairs
@@ -506,15 +473,15 @@ impl Registry {
         self.spawn(record, core).await
     }
 
+    /// Cancels the agent's turn (keeping or discarding its pending input), waits up to `timeout` for
+    /// it to converge, stops its actor (the writer drained) and marks the slot disposed.
     async fn stop_agent(&self, record: &Arc<AgentRecord>, keep_inbox: bool, timeout: Duration) {
         if keep_inbox && matches!(record.slot.current(), SlotState::Dormant) {
             // Dormant: no activity, everything durable, pending input kept. Nothing to stop.
             record.slot.set(SlotState::Disposed);
             return;
         }
-        let handle = AgentHandle {
-            slot: Arc::clone(&record.slot),
-        };
+        let handle = AgentHandle::new(Arc::clone(&record.slot));
         if handle
             .cancel(CancelCause::Disposed, keep_inbox)
             .await
@@ -587,11 +554,44 @@ impl Registry {
         });
     }
 
+    /// Tells the agent's observers and the host's.
     fn publish(&self, item: Observed) {
         if let Some(record) = self.agents.get(item.agent()) {
             record.slot.observers.publish(item.clone());
         }
         self.runtime.observers.publish(item);
+    }
+}
+
+impl SlotHost for Registry {
+    fn wake<'a>(
+        &'a self,
+        slot: &'a Arc<AgentSlot>,
+        core: AgentCore,
+    ) -> BoxFuture<'a, Result<(), String>> {
+        async move {
+            let record = self
+                .agents
+                .get(&slot.id)
+                .map(|r| Arc::clone(&r))
+                .ok_or_else(|| format!("agent {} is no longer registered", slot.id))?;
+            self.spawn(&record, core).await.map_err(|e| e.to_string())
+        }
+        .boxed()
+    }
+
+    fn read_log<'a>(&'a self, id: &'a SessionId) -> BoxFuture<'a, Result<Vec<Event>, String>> {
+        // Read-only: the agent may wake and open a turn while this reads, which a repairing
+        // `load` would close behind its back.
+        async move {
+            self.runtime
+                .store
+                .inspect(id)
+                .await
+                .map(|found| found.events)
+                .map_err(|e| e.to_string())
+        }
+        .boxed()
     }
 }
 

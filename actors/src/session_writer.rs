@@ -2,71 +2,112 @@
 //!
 //! It receives encoded events in seq order from its agent and hands them to the store, at most one
 //! append in flight: events that arrive meanwhile form the next batch, so a busy agent's events are
-//! batched naturally and the store's group commit shares one sync among all agents. Each completed
-//! append is reported to the agent as `Durable { through_seq }`; a failure as `WriterFailed` (the
-//! agent then refuses input — after a failed sync nothing later can be trusted to be durable).
+//! batched naturally and the store's group commit shares one sync among all agents. The task that
+//! runs an append reports its outcome straight to the agent — `Durable { through_seq }`, or
+//! `WriterFailed` (the agent then refuses input: after a failed sync nothing later can be trusted to
+//! be durable) — and only then tells the writer it may start the next batch (`Flushed`).
 //!
-//! An append in flight holds the agent's write fence (in its registry slot), so a restart can wait for
-//! it before reading the log back: no late write can land after the new instance loaded the log.
+//! An append in flight holds the agent's write fence (lent by its registry slot), so a restart can
+//! wait for it before reading the log back: no late write can land after the new instance loaded the
+//! log. The writer knows nothing else of the slot.
 
 use std::sync::Arc;
 
 use dsh::SessionId;
-use dsh::session::store::{EncodedEvent, SessionStore, StoreError};
+use dsh::session::store::{EncodedEvent, SessionStore};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::task::JoinHandle;
 use tracing::debug;
 
-use crate::agent::handle::AgentSlot;
 use crate::agent::msg::AgentMsg;
-use crate::host::Metrics;
+use crate::runtime::Metrics;
 
+/// What the writer's mailbox carries.
 pub(crate) enum WriterMsg {
-    /// Events to write, contiguous with everything sent before.
+    /// From the agent: events to write, contiguous with everything sent before.
     Append(Vec<EncodedEvent>),
-    /// The in-flight append finished.
-    Flushed(Result<u64, StoreError>),
+    /// From the append task: the append in flight finished (the agent was already told how).
+    Flushed {
+        /// Whether the store took it; after a failure the writer writes nothing more.
+        ok: bool,
+    },
 }
 
+/// The writer; stateless, everything lives in `WriterState`.
 pub(crate) struct SessionWriterActor;
 
+/// What the agent gives its writer when it spawns it.
 pub(crate) struct WriterArgs {
+    /// The store the agent's log lives in.
     pub(crate) store: Arc<dyn SessionStore>,
+    /// The agent, whose log this is.
     pub(crate) id: SessionId,
+    /// Where append outcomes are reported.
     pub(crate) agent: ActorRef<AgentMsg>,
-    pub(crate) slot: Arc<AgentSlot>,
+    /// The agent's write fence, held while an append is in flight.
+    pub(crate) fence: Arc<tokio::sync::Mutex<()>>,
+    /// The host's counters (durable events).
     pub(crate) metrics: Arc<Metrics>,
 }
 
+/// What changes.
 pub(crate) struct WriterState {
     args: WriterArgs,
+    /// Events received while an append was in flight: the next batch, in seq order.
     pending: Vec<EncodedEvent>,
-    in_flight: Option<tokio::task::JoinHandle<()>>,
+    /// The append in flight; its task returns whether the store took it.
+    in_flight: Option<JoinHandle<bool>>,
+    /// An append failed: nothing more is written.
     failed: bool,
 }
 
 impl SessionWriterActor {
+    /// Starts an append of everything pending, unless one is in flight (it starts when that one
+    /// reports `Flushed`) or an earlier append failed.
     fn flush(myself: &ActorRef<WriterMsg>, state: &mut WriterState) {
         if state.in_flight.is_some() || state.pending.is_empty() || state.failed {
             return;
         }
         let batch = std::mem::take(&mut state.pending);
-        let through = batch.last().map_or(0, |e| e.seq + 1);
-        let n = batch.len();
         let store = Arc::clone(&state.args.store);
         let id = state.args.id.clone();
-        let myself = myself.clone();
+        let agent = state.args.agent.clone();
+        let fence = Arc::clone(&state.args.fence);
         let metrics = Arc::clone(&state.args.metrics);
-        let fence = Arc::clone(&state.args.slot.write_fence);
-        let handle = tokio::spawn(async move {
+        let myself = myself.clone();
+        state.in_flight = Some(tokio::spawn(async move {
             // Held while the append is in flight: a restart takes it before reading the log back.
             let _fence = fence.lock_owned().await;
-            let result = store.append(&id, batch).await.map(|()| through);
-            if result.is_ok() {
-                metrics.events_durable(n as u64);
-            }
-            let _ = myself.cast(WriterMsg::Flushed(result));
-        });
-        state.in_flight = Some(handle);
+            let ok = append(&*store, &id, batch, &agent, &metrics).await;
+            let _ = myself.cast(WriterMsg::Flushed { ok });
+            ok
+        }));
+    }
+}
+
+/// Appends `batch` to `id`'s log and reports the outcome to `agent`: `Durable` through the batch's
+/// last seq, or `WriterFailed`. Returns whether the store took it.
+async fn append(
+    store: &dyn SessionStore,
+    id: &SessionId,
+    batch: Vec<EncodedEvent>,
+    agent: &ActorRef<AgentMsg>,
+    metrics: &Metrics,
+) -> bool {
+    let through_seq = batch.last().map_or(0, |e| e.seq + 1);
+    let n = batch.len() as u64;
+    match store.append(id, batch).await {
+        Ok(()) => {
+            metrics.events_durable(n);
+            // A stopped agent no longer waits for acknowledgements: nothing to tell.
+            let _ = agent.cast(AgentMsg::Durable { through_seq });
+            true
+        }
+        Err(error) => {
+            debug!(agent = %id, %error, "append failed");
+            let _ = agent.cast(AgentMsg::WriterFailed { error });
+            false
+        }
     }
 }
 
@@ -95,26 +136,16 @@ impl Actor for SessionWriterActor {
         state: &mut WriterState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            WriterMsg::Append(events) => {
-                state.pending.extend(events);
-                Self::flush(&myself, state);
-            }
-            WriterMsg::Flushed(result) => {
+            WriterMsg::Append(events) => state.pending.extend(events),
+            WriterMsg::Flushed { ok } => {
                 state.in_flight = None;
-                match result {
-                    Ok(through_seq) => {
-                        let _ = state.args.agent.cast(AgentMsg::Durable { through_seq });
-                        Self::flush(&myself, state);
-                    }
-                    Err(error) => {
-                        debug!(agent = %state.args.id, %error, "append failed");
-                        state.failed = true;
-                        state.pending.clear();
-                        let _ = state.args.agent.cast(AgentMsg::WriterFailed { error });
-                    }
+                if !ok {
+                    state.failed = true;
+                    state.pending.clear();
                 }
             }
         }
+        Self::flush(&myself, state);
         Ok(())
     }
 
@@ -125,14 +156,16 @@ impl Actor for SessionWriterActor {
     ) -> Result<(), ActorProcessingErr> {
         // Drained: finish the append in flight, then write what is left, so a graceful stop leaves
         // every event the agent produced durable.
-        if let Some(h) = state.in_flight.take() {
-            let _ = h.await;
+        if let Some(h) = state.in_flight.take()
+            && !h.await.unwrap_or(false)
+        {
+            state.failed = true;
         }
         if !state.failed && !state.pending.is_empty() {
             let batch = std::mem::take(&mut state.pending);
-            let n = batch.len();
+            let n = batch.len() as u64;
             if state.args.store.append(&state.args.id, batch).await.is_ok() {
-                state.args.metrics.events_durable(n as u64);
+                state.args.metrics.events_durable(n);
             }
         }
         Ok(())

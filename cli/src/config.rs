@@ -22,6 +22,7 @@
 //! | `[sim]` | table | the simulated model (`dsh::llm::sim::SimConfig`: `seed`, `ttft_ms`, `tokens_per_sec`, `reply_tokens_min`, `reply_tokens_max`, `tool_call_probability`, `max_tool_steps`, `reasoning`) |
 //! | `[openai]` | table | `connect_timeout_ms`, `idle_timeout_ms` |
 //! | `retry_timeout_ms` | integer ≥ 1 | bound on the whole retry sequence of one model request (default 600000, 10 min) |
+//! | `[mcp_servers.NAME]` | table | an MCP server (SPEC §16): `command`, `args`, `env`, `cwd` (stdio) or `url`, `bearer_token_env` (streamable HTTP), and `startup_timeout_ms`, `call_timeout_ms` (`dsh_mcp::ServerEntry`); a relative `cwd` is taken relative to the file's directory |
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -119,6 +120,8 @@ pub struct Config {
     pub retry_timeout_ms: Option<u64>,
     /// The configuration file that was read, if any.
     pub file: Option<PathBuf>,
+    /// `[mcp_servers.NAME]` entries, checked, in name order.
+    pub mcp_servers: Vec<dsh_mcp::ServerConfig>,
     /// The API key taken from the environment at start-up (`secret::take_api_key`); `resolve`
     /// leaves it `Unset` and `main` fills it in.
     pub api_key: StartupKey,
@@ -137,9 +140,10 @@ struct FileConfig {
     sim: Option<SimConfig>,
     openai: Option<OpenAiTimeouts>,
     retry_timeout_ms: Option<u64>,
+    mcp_servers: Vec<dsh_mcp::ServerConfig>,
 }
 
-const KEYS: [&str; 10] = [
+const KEYS: [&str; 11] = [
     "data_dir",
     "provider",
     "base_url",
@@ -150,6 +154,7 @@ const KEYS: [&str; 10] = [
     "sim",
     "openai",
     "retry_timeout_ms",
+    "mcp_servers",
 ];
 
 impl Config {
@@ -196,6 +201,7 @@ impl Config {
             sim: file.sim.unwrap_or_default(),
             openai: file.openai.unwrap_or_default(),
             retry_timeout_ms: file.retry_timeout_ms,
+            mcp_servers: file.mcp_servers,
             file: file_path,
             api_key: StartupKey::Unset,
         })
@@ -300,6 +306,12 @@ fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
                 let openai = read_openai(value)?;
                 out.openai = Some(openai);
             }
+            "mcp_servers" => {
+                if !value.is_table() {
+                    return Err(bad("a table", &value));
+                }
+                out.mcp_servers = read_mcp_servers(value, base)?;
+            }
             other => {
                 return Err(format!(
                     "unknown key `{}` (known keys: {})",
@@ -342,6 +354,28 @@ fn read_openai(value: toml::Value) -> Result<OpenAiTimeouts, String> {
         }
     }
     Ok(openai)
+}
+
+/// Reads the `[mcp_servers]` table: one checked entry per server, in name order. A relative `cwd`
+/// is taken relative to `base` (the file's directory).
+fn read_mcp_servers(value: toml::Value, base: &Path) -> Result<Vec<dsh_mcp::ServerConfig>, String> {
+    let toml::Value::Table(entries) = value else {
+        return Ok(Vec::new());
+    };
+    let mut servers = Vec::new();
+    for (name, entry) in entries {
+        if !entry.is_table() {
+            return Err(format!(
+                "key `mcp_servers.{}`: expected a table, got {}",
+                echo(&name),
+                shown(&entry)
+            ));
+        }
+        let mut entry: dsh_mcp::ServerEntry = table_of(&format!("mcp_servers.{name}"), entry)?;
+        entry.cwd = entry.cwd.map(|cwd| base.join(cwd));
+        servers.push(entry.check(&name).map_err(|e| echo(&e.to_string()))?);
+    }
+    Ok(servers)
 }
 
 /// Reads table `name` as a `T`. A bad entry is named by its dotted key (`sim.seed`) with serde's
@@ -440,7 +474,7 @@ idle_timeout_ms = 5000
         let cases = [
             (
                 "modle = \"x\"",
-                "unknown key `modle` (known keys: data_dir, provider, base_url, model, max_tokens, system, shell, sim, openai, retry_timeout_ms)",
+                "unknown key `modle` (known keys: data_dir, provider, base_url, model, max_tokens, system, shell, sim, openai, retry_timeout_ms, mcp_servers)",
             ),
             (
                 "max_tokens = \"ten\"",
@@ -491,5 +525,78 @@ idle_timeout_ms = 5000
         let err = parsed("model = \"a\"\nthis is not toml").expect_err("syntax");
         assert!(err.starts_with("line 2: "), "{err}");
         assert!(!err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn mcp_servers_are_read_and_checked() {
+        let c = parsed(
+            r#"
+[mcp_servers.every]
+command = "node"
+args = ["index.js", "stdio"]
+env = { A = "1" }
+cwd = "servers"
+call_timeout_ms = 5000
+[mcp_servers.web]
+url = "https://example.invalid/mcp"
+bearer_token_env = "WEB_TOKEN"
+"#,
+        )
+        .expect("valid config");
+        let names: Vec<&str> = c.mcp_servers.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["every", "web"]);
+        assert_eq!(
+            c.mcp_servers[0].transport,
+            dsh_mcp::Transport::Stdio {
+                command: "node".into(),
+                args: vec!["index.js".into(), "stdio".into()],
+                env: [("A".to_string(), "1".to_string())].into(),
+                cwd: Some(PathBuf::from("/cfg/servers")),
+            }
+        );
+        assert_eq!(
+            c.mcp_servers[0].call_timeout,
+            std::time::Duration::from_millis(5000)
+        );
+        assert_eq!(
+            c.mcp_servers[1].transport,
+            dsh_mcp::Transport::Http {
+                url: "https://example.invalid/mcp".into(),
+                bearer_token_env: Some("WEB_TOKEN".into()),
+            }
+        );
+    }
+
+    #[test]
+    fn a_bad_mcp_server_entry_is_one_line_naming_the_key() {
+        let cases = [
+            (
+                "mcp_servers = 1",
+                "key `mcp_servers`: expected a table, got integer 1",
+            ),
+            (
+                "[mcp_servers]\nevery = 1",
+                "key `mcp_servers.every`: expected a table, got integer 1",
+            ),
+            (
+                "[mcp_servers.every]\nargs = []",
+                "key `mcp_servers.every`: give `command` (stdio) or `url` (HTTP)",
+            ),
+            (
+                "[mcp_servers.every]\ncommand = \"node\"\nargs = \"x\"",
+                "key `mcp_servers.every.args`: invalid type: string \"x\", expected a sequence",
+            ),
+            (
+                "[mcp_servers.every]\ncommand = \"node\"\ncomand = \"x\"",
+                "key `mcp_servers.every.comand`: unknown field `comand`, expected one of `command`, `args`, `env`, `cwd`, `url`, `bearer_token_env`, `startup_timeout_ms`, `call_timeout_ms`",
+            ),
+            (
+                "[mcp_servers.web]\nurl = \"ftp://x\"",
+                "key `mcp_servers.web.url`: must start with http:// or https://",
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parsed(text).err().as_deref(), Some(want), "{text}");
+        }
     }
 }

@@ -13,6 +13,7 @@ mod chat;
 mod check;
 pub mod config;
 mod live;
+mod mcp;
 pub mod render;
 mod retries;
 pub mod run;
@@ -88,6 +89,8 @@ pub enum Command {
     Import(ImportArgs),
     /// Run scenario files (black-box conformance).
     Scenario(ScenarioArgs),
+    /// Model Context Protocol servers (`[mcp_servers.NAME]` in `dsh.toml`).
+    Mcp(McpArgs),
     /// Serve the HTTP API and web page of SPEC §13 over a host of agents.
     Serve(serve::ServeArgs),
 }
@@ -267,6 +270,26 @@ pub enum ScenarioCommand {
     },
 }
 
+/// Arguments of `dsh mcp`.
+#[derive(Debug, Clone, Args)]
+pub struct McpArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: McpCommand,
+}
+
+/// The `dsh mcp` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum McpCommand {
+    /// Start each configured MCP server, print its state and its tools, and stop it again (exit 1
+    /// when a server did not come up).
+    List {
+        /// Print one JSON array instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 /// Runs the parsed command line to completion. `key` is the API key taken from the environment at
 /// start-up (`secret::take_api_key`).
 pub fn main(cli: Cli, key: secret::StartupKey) -> ExitCode {
@@ -315,6 +338,7 @@ async fn dispatch(command: Command, config: Config) -> Result<ExitCode, CliError
             command: ScenarioCommand::Run { check, files },
         }) => scenario::run_files(check, &files).await,
         Command::Sim(args) => sim::run(&args, &config, &mut std::io::stdout()).await,
+        Command::Mcp(args) => mcp::run(args, config).await,
         Command::Serve(args) => serve::run(args, config).await,
     }
 }

@@ -1,5 +1,6 @@
-//! Starting one live agent for `dsh chat` and `dsh run`: the provider, the built-in tools, the
-//! store, the host, and the agent itself (resumed when `--session` names a stored one).
+//! Starting one live agent for `dsh chat` and `dsh run`: the provider, the built-in tools and the
+//! configured MCP servers' tools, the store, the host, and the agent itself (resumed when
+//! `--session` names a stored one).
 //!
 //! Everything that can be refused — the session id, the script file, the provider's key and
 //! settings, the working directory — is checked before the store is opened, so a bad invocation
@@ -26,6 +27,7 @@ use crate::tools::{ShellConfig, builtin};
 use crate::{CliError, Config};
 use dsh_actors::AgentHandle;
 use dsh_actors::{AgentSpec, Host};
+use dsh_mcp::{McpServers, ServerState};
 
 /// The largest script file read (a script is test data, never this large in practice).
 const SCRIPT_BYTES_MAX: u64 = 64 << 20;
@@ -62,6 +64,8 @@ pub struct LiveAgent {
     /// The model id in use.
     pub model: String,
     store: Arc<SqliteStore>,
+    /// The MCP servers whose tools the host offers; stopped with it.
+    mcp: McpServers,
 }
 
 impl LiveAgent {
@@ -76,6 +80,7 @@ impl LiveAgent {
     /// `CliError::Failed` when the store does not close cleanly.
     pub async fn stop(self) -> Result<(), CliError> {
         self.host.shutdown().await;
+        self.mcp.shutdown().await;
         self.store
             .close()
             .await
@@ -192,6 +197,8 @@ pub async fn start(config: &Config, opts: &AgentOptions) -> Result<LiveAgent, Cl
         .map_err(|e| CliError::Failed(format!("cannot read the working directory: {e}")))?;
     let shell = (opts.shell || config.shell).then(ShellConfig::default);
     let tools = builtin(&cwd, shell).map_err(|e| CliError::Failed(e.to_string()))?;
+    let mcp = start_mcp(config).await;
+    let tools = tools.layered(&mcp.tools());
     let provider_name = built.provider.name().to_string();
     let mut providers = ProviderRegistry::new();
     providers.register(built.provider);
@@ -204,6 +211,52 @@ pub async fn start(config: &Config, opts: &AgentOptions) -> Result<LiveAgent, Cl
         .request_error
         .push(Arc::new(AnnouncedRetries::new(bound)));
 
+    let opened = open_host(config, providers, tools, hooks).await;
+    let (host, store) = match opened {
+        Ok(both) => both,
+        Err(e) => {
+            mcp.shutdown().await;
+            return Err(e);
+        }
+    };
+    let mut agent_config = AgentConfig::new(&provider_name, &built.model);
+    agent_config.max_tokens = opts.max_tokens.or(config.max_tokens);
+    agent_config.system = opts.system.clone().or_else(|| config.system.clone());
+    let mut spec = AgentSpec::new(agent_config);
+    spec.cwd = Some(cwd.display().to_string());
+    let minted = id.is_none();
+    let opened = match id {
+        Some(id) => host.open(spec.with_id(id)).await,
+        None => host.create(spec).await,
+    };
+    let handle = match opened {
+        Ok(h) => h,
+        Err(e) => {
+            host.shutdown().await;
+            mcp.shutdown().await;
+            let _ = store.close().await;
+            return Err(CliError::Failed(e.to_string()));
+        }
+    };
+    Ok(LiveAgent {
+        host,
+        handle,
+        gates: built.gates,
+        minted,
+        provider: provider_name,
+        model: built.model,
+        store,
+        mcp,
+    })
+}
+
+/// Opens the store and starts the host on it.
+async fn open_host(
+    config: &Config,
+    providers: ProviderRegistry,
+    tools: dsh::tools::ToolRegistry,
+    hooks: Hooks,
+) -> Result<(Host, Arc<SqliteStore>), CliError> {
     let store = Arc::new(
         SqliteStore::open(&config.data_dir, SqliteConfig::default()).map_err(|e| {
             CliError::Failed(format!(
@@ -219,31 +272,22 @@ pub async fn start(config: &Config, opts: &AgentOptions) -> Result<LiveAgent, Cl
         .start()
         .await
         .map_err(|e| CliError::Failed(e.to_string()))?;
-    let mut agent_config = AgentConfig::new(&provider_name, &built.model);
-    agent_config.max_tokens = opts.max_tokens.or(config.max_tokens);
-    agent_config.system = opts.system.clone().or_else(|| config.system.clone());
-    let mut spec = AgentSpec::new(agent_config);
-    spec.cwd = Some(cwd.display().to_string());
-    let minted = id.is_none();
-    let opened = match id {
-        Some(id) => host.open(spec.with_id(id)).await,
-        None => host.create(spec).await,
-    };
-    let handle = match opened {
-        Ok(h) => h,
-        Err(e) => {
-            host.shutdown().await;
-            let _ = store.close().await;
-            return Err(CliError::Failed(e.to_string()));
+    Ok((host, store))
+}
+
+/// Starts the configured MCP servers (one process or connection each, shared by the host). A
+/// server that does not come up is reported on stderr in one line and left out: its tools are not
+/// offered, and the session goes on with the rest.
+pub(crate) async fn start_mcp(config: &Config) -> McpServers {
+    let mcp = McpServers::start(config.mcp_servers.clone()).await;
+    for status in mcp.statuses() {
+        if let ServerState::Down { error } = &status.state {
+            eprintln!(
+                "dsh: MCP server `{}` is unavailable: {}",
+                status.name,
+                crate::text::error_line(error)
+            );
         }
-    };
-    Ok(LiveAgent {
-        host,
-        handle,
-        gates: built.gates,
-        minted,
-        provider: provider_name,
-        model: built.model,
-        store,
-    })
+    }
+    mcp
 }

@@ -25,7 +25,6 @@ use dsh::hooks::{
     HookCtx, HookError, Hooks, PreStepDecision, PreStepHook, TurnStoppingAction, TurnStoppingHook,
 };
 use dsh::llm::provider::ProviderRegistry;
-use dsh::llm::retry::RetryHook;
 use dsh::llm::script::{Gates, ScriptProvider};
 use dsh::llm::types::Message;
 use dsh::scenario::{
@@ -37,10 +36,11 @@ use dsh::session::store::SessionStore;
 use dsh::session::store::memory::MemoryStore;
 use dsh::tools::{ExecutionMode, Tool, ToolArgs, ToolInvocation, ToolOutput, ToolRegistry};
 use dsh::turn::AgentConfig;
+use dsh_mcp::{McpServers, ServerEntry, ServerState};
 use tokio_util::sync::CancellationToken;
 
 use crate::CliError;
-use dsh_actors::{AgentHandle, AgentSpec, Host, HostConfig};
+use dsh_actors::{AgentHandle, AgentSpec, DefaultRetry, Host, HostConfig};
 
 /// How often `wait_for` polls the store.
 const POLL_INTERVAL: Duration = Duration::from_millis(1);
@@ -127,14 +127,51 @@ pub fn render_log(events: &[Event]) -> String {
 /// `Runtime` when the world cannot be built or read, `Action` when the runtime refuses an action,
 /// `Timeout` when an action (or the final wait for idle) takes longer than `action_timeout_ms`.
 pub async fn run_scenario(scenario: &Scenario) -> Result<Vec<Event>, ScenarioError> {
-    let world = World::build(scenario).await?;
+    let mcp = start_mcp_servers(scenario).await?;
+    let world = match World::build(scenario, &mcp).await {
+        Ok(world) => world,
+        Err(e) => {
+            mcp.shutdown().await;
+            return Err(e);
+        }
+    };
     let played = world.play(scenario).await;
     let log = match played {
         Ok(()) => world.stored_log(scenario).await,
         Err(e) => Err(e),
     };
     world.host.shutdown().await;
+    mcp.shutdown().await;
     log
+}
+
+/// Checks and starts the scenario's `mcp_servers`; every one must come up, so a run never depends
+/// on a server that happened to be down.
+async fn start_mcp_servers(scenario: &Scenario) -> Result<McpServers, ScenarioError> {
+    let mut configs = Vec::with_capacity(scenario.mcp_servers.len());
+    for (name, entry) in &scenario.mcp_servers {
+        let entry: ServerEntry = serde_json::from_value(serde_json::Value::Object(entry.clone()))
+            .map_err(|e| ScenarioError::Field {
+            path: format!("mcp_servers.{name}"),
+            reason: e.to_string(),
+        })?;
+        let config = entry.check(name).map_err(|e| ScenarioError::Invalid {
+            path: format!("mcp_servers.{}", e.key),
+            reason: e.reason,
+        })?;
+        configs.push(config);
+    }
+    let mcp = McpServers::start(configs).await;
+    for status in mcp.statuses() {
+        if let ServerState::Down { error } = status.state {
+            mcp.shutdown().await;
+            return Err(runtime_error(
+                scenario,
+                format!("the MCP server `{}` did not start: {error}", status.name),
+            ));
+        }
+    }
+    Ok(mcp)
 }
 
 /// One scenario's world.
@@ -153,7 +190,7 @@ fn runtime_error(scenario: &Scenario, reason: impl std::fmt::Display) -> Scenari
 }
 
 impl World {
-    async fn build(scenario: &Scenario) -> Result<World, ScenarioError> {
+    async fn build(scenario: &Scenario, mcp: &McpServers) -> Result<World, ScenarioError> {
         let gates = Gates::new();
         let script = ScriptProvider::new(scenario.model.iter().cloned(), gates.clone());
         let mut providers = ProviderRegistry::new();
@@ -171,6 +208,7 @@ impl World {
                 gates: gates.clone(),
             }));
         }
+        let tools = tools.layered(&mcp.tools());
         let mut hooks = Hooks::new();
         if !scenario.hooks.pre_step.is_empty() {
             hooks.pre_step.push(Arc::new(ScenarioPreStep {
@@ -184,11 +222,11 @@ impl World {
                 n_stops: Mutex::new(HashMap::new()),
             }));
         }
-        if let Some(policy) = &scenario.hooks.request_error {
-            hooks
-                .request_error
-                .push(Arc::new(RetryHook::with_policy(policy.clone())));
-        }
+        // `request_error: {retries: N}` sets the host's default retry; without it nothing retries.
+        let retry = match &scenario.hooks.request_error {
+            Some(policy) => DefaultRetry::Policy(policy.clone()),
+            None => DefaultRetry::Off,
+        };
         let mut config = HostConfig {
             hibernate_after: None,
             ..HostConfig::default()
@@ -209,6 +247,7 @@ impl World {
             .providers(providers)
             .tools(tools)
             .hooks(hooks)
+            .retry(retry)
             .config(config)
             .start()
             .await

@@ -11,7 +11,9 @@
 //! The format is an interface others rely on: extend it, never rename or drop a field. Extensions
 //! beyond SPEC §9, all optional:
 //! - top level: `description` (free text), `action_timeout_ms` (how long one action may take before
-//!   the run fails with a timeout; default 10 000).
+//!   the run fails with a timeout; default 10 000); `mcp_servers` (an object of MCP server entries
+//!   by name, each as `[mcp_servers.NAME]` in `dsh.toml`, SPEC §16: their tools join `tools` as
+//!   `NAME__TOOL`; the runner checks and starts them, the format only requires objects).
 //! - `agent`: `model` (default `scripted`), `system`, `tool_grace_ms`, `tool_timeout_ms`.
 //! - `tool_behaviour` entries: `error` may be an object `{message, name, code}` (the `tool/result`
 //!   then carries `error: {name, code}`); `ignore_cancel: true` makes a gated or delayed tool keep
@@ -421,6 +423,9 @@ pub struct Scenario {
     pub expect_mode: ExpectMode,
     /// How long one action may take before the run fails with a timeout. Invariant: at least 1.
     pub action_timeout_ms: u64,
+    /// MCP servers by name, each entry an object as written (the runner checks it; the core knows
+    /// no MCP). Empty when the scenario has none.
+    pub mcp_servers: BTreeMap<String, Map<String, Value>>,
 }
 
 impl Scenario {

@@ -47,6 +47,8 @@ struct RawTop {
     expect_mode: Option<Value>,
     #[serde(default)]
     action_timeout_ms: Option<Value>,
+    #[serde(default)]
+    mcp_servers: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -369,6 +371,10 @@ impl Scenario {
         if action_timeout_ms == 0 {
             return Err(invalid("action_timeout_ms", "must be at least 1"));
         }
+        let mcp_servers = match &top.mcp_servers {
+            None | Some(Value::Null) => BTreeMap::new(),
+            Some(m) => typed("mcp_servers", m)?,
+        };
         Ok(Scenario {
             name,
             description,
@@ -381,6 +387,7 @@ impl Scenario {
             expect,
             expect_mode,
             action_timeout_ms,
+            mcp_servers,
         })
     }
 }

@@ -18,7 +18,6 @@
 //! logged call a `TOOL_OUTCOME_UNKNOWN` result and ends the turn `error`, a writer failure makes the
 //! agent refuse input.
 
-pub mod handle;
 pub mod msg;
 
 use std::collections::VecDeque;
@@ -41,14 +40,15 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 
-use crate::host::Runtime;
+use crate::error::InputError;
 use crate::llm_stream::{LlmStreamActor, LlmStreamArgs};
-use crate::observe::Observed;
+use crate::observe::{Observed, StatusReport};
+use crate::runtime::Runtime;
 use crate::session_writer::{SessionWriterActor, WriterArgs, WriterMsg};
+use crate::slot::{AgentSlot, SlotState};
 use crate::tool_pool::{PoolMsg, ToolPoolActor, ToolPoolArgs};
 
-use self::handle::{AgentSlot, InputError, SlotState};
-use self::msg::{AgentMsg, Reply, StatusReport};
+use self::msg::{AgentMsg, Reply};
 
 /// Milliseconds since the Unix epoch, the `time` of appended events.
 pub(crate) fn now_ms() -> i64 {
@@ -486,7 +486,7 @@ impl AgentActor {
             store: Arc::clone(&self.runtime.store),
             id: state.id().clone(),
             agent: state.myself.clone(),
-            slot: Arc::clone(&self.slot),
+            fence: Arc::clone(&self.slot.write_fence),
             metrics: Arc::clone(&self.runtime.metrics),
         };
         let (w, _) =

@@ -10,55 +10,14 @@ use dsh::session::Event;
 use dsh::session::event::CancelCause;
 use dsh::session::store::StoreError;
 use dsh::tools::ToolOutput;
-use dsh::turn::Status;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::handle::InputError;
+use crate::error::InputError;
+use crate::observe::StatusReport;
 
 /// A reply channel. A closed one is normal (the caller gave up waiting).
 pub type Reply<T> = oneshot::Sender<T>;
-
-/// A snapshot of an agent for `status()`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StatusReport {
-    /// `running` while an activation runs.
-    pub status: Status,
-    /// No activity (not running, not in maintenance) and every event durable.
-    pub idle: bool,
-    /// The log is dropped from memory.
-    pub hibernated: bool,
-    /// The number of the last (or current) turn.
-    pub last_turn: u64,
-    /// The seq the next event gets.
-    pub next_seq: u64,
-    /// Every event below this seq is durable.
-    pub durable_seq: u64,
-    /// Messages pending in next-turn.
-    pub n_pending_turn: usize,
-    /// Messages pending in next-step.
-    pub n_pending_step: usize,
-    /// Set when the agent refuses input (its store failed).
-    pub failed: Option<String>,
-}
-
-impl StatusReport {
-    /// The report of `core` (`failed`: why the agent refuses input, if it does).
-    pub(crate) fn of(core: &dsh::turn::AgentCore, failed: Option<String>) -> StatusReport {
-        let inbox = core.inbox();
-        StatusReport {
-            status: core.status(),
-            idle: core.is_idle() && core.durable_seq() == core.next_seq(),
-            hibernated: core.is_hibernated(),
-            last_turn: core.last_turn(),
-            next_seq: core.next_seq(),
-            durable_seq: core.durable_seq(),
-            n_pending_turn: inbox.next_turn().len(),
-            n_pending_step: inbox.next_step().len(),
-            failed,
-        }
-    }
-}
 
 /// Everything an agent actor's mailbox carries.
 pub enum AgentMsg {

@@ -135,6 +135,9 @@ pub async fn run(args: ServeArgs, config: Config) -> Result<ExitCode, CliError> 
         .map_err(|e| CliError::Failed(format!("cannot read the working directory: {e}")))?;
     let shell = (args.shell || config.shell).then(ShellConfig::default);
     let tools = builtin(&cwd, shell).map_err(|e| CliError::Failed(e.to_string()))?;
+    // The configured MCP servers: one process or connection each, shared by every agent.
+    let mcp = crate::live::start_mcp(&config).await;
+    let tools = tools.layered(&mcp.tools());
     let defaults = AgentDefaults {
         provider: built.provider.name().to_string(),
         model: built.model.clone(),
@@ -167,6 +170,7 @@ pub async fn run(args: ServeArgs, config: Config) -> Result<ExitCode, CliError> 
     };
     let state = AppState::new(host, Arc::clone(&store), defaults, token, settings, metrics);
     let served = serve(state, addr).await;
+    mcp.shutdown().await;
     let closed = store
         .close()
         .await

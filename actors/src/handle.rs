@@ -1,4 +1,4 @@
-//! `AgentHandle`: the public API of one agent, and `InputError`, why an input was refused.
+//! `AgentHandle`: the public API of one agent.
 //!
 //! Every input method (`followup`, `steer`, `inject`, `cancel`, `remove`, `replace`) returns only
 //! after what it wrote is durable ("acknowledged means durable"). A refused input changes nothing.
@@ -6,54 +6,29 @@
 //! host points at the new actor; calls made while the agent restarts wait for it.
 //!
 //! A hibernated agent is *dormant*: its actor has stopped and its compact core (ids, counters, inbox
-//! — no log) waits in the slot. The first input wakes it: the caller takes the core out of the slot
+//! — no log) waits in the slot (`crate::slot`). The first input wakes it: the caller takes the core out of the slot
 //! and the host spawns a new actor over it. `status`, `when_idle`, `log` and `subscribe` answer a
 //! dormant agent without waking it. A message that raced the actor's passivation (it reached the
 //! mailbox after the actor decided to stop) was never handled; the handle sends it again to the new
 //! actor. Each actor incarnation carries a flag it sets before it passivates, which tells that apart
 //! from a crash of the very actor the message went to (after which nothing is resent).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use dsh::turn::AgentCore;
-
-use dsh::inbox::AdmitError;
 use dsh::llm::types::Message;
 use dsh::session::Event;
 use dsh::session::event::CancelCause;
 use dsh::{MessageId, SessionId};
 use ractor::ActorRef;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::msg::{AgentMsg, Reply, StatusReport};
-use crate::observe::{Channel, Subscription};
-
-/// Why an input call was refused. Nothing was written unless the variant says otherwise.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum InputError {
-    #[error("input refused: {0}")]
-    Refused(#[from] AdmitError),
-    #[error("agent {id} not found")]
-    NotFound { id: SessionId },
-    #[error("agent {id} already exists")]
-    AlreadyExists { id: SessionId },
-    #[error("agent {id} refuses input: {reason}")]
-    Failed { id: SessionId, reason: String },
-    #[error("agent {id} was disposed")]
-    Disposed { id: SessionId },
-    #[error(
-        "agent {id} stopped before acknowledging; the input may or may not be durable (check its log)"
-    )]
-    Interrupted { id: SessionId },
-    #[error("agent {id} already has active work")]
-    Busy { id: SessionId },
-    #[error("agent {id}: {reason}")]
-    Store { id: SessionId, reason: String },
-}
+use crate::agent::msg::{AgentMsg, Reply};
+use crate::error::InputError;
+use crate::observe::{StatusReport, Subscription};
+use crate::slot::{AgentSlot, SlotState};
 
 /// Where an acknowledged input landed in the agent's log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,95 +37,21 @@ pub struct InputReceipt {
     pub seq: u64,
 }
 
-/// Where an agent's current actor is.
-#[derive(Clone, Debug)]
-pub(crate) enum SlotState {
-    /// An actor runs the agent; the flag is set by that actor (and no other) before it passivates.
-    Live(ActorRef<AgentMsg>, Arc<AtomicBool>),
-    /// Hibernated without an actor: the core is in `AgentSlot::dormant`.
-    Dormant,
-    /// A caller took the dormant core and the host is spawning its actor.
-    Waking,
-    Restarting,
-    Failed(String),
-    Disposed,
-}
-
-/// The registry entry of one agent, shared by the host and every handle.
-#[derive(Debug)]
-pub(crate) struct AgentSlot {
-    pub(crate) id: SessionId,
-    pub(crate) state: watch::Sender<SlotState>,
-    pub(crate) observers: Channel,
-    /// Held by the session writer while an append is in flight.
-    pub(crate) write_fence: Arc<tokio::sync::Mutex<()>>,
-    /// The core of a dormant agent.
-    ///
-    /// Invariant: `Some` exactly while `state` is `Dormant`; both change under this lock.
-    pub(crate) dormant: Mutex<Option<Box<AgentCore>>>,
-    /// The host that spawns this agent's actors.
-    pub(crate) host: Weak<crate::host::Registry>,
-}
-
-impl AgentSlot {
-    pub(crate) fn new(
-        id: SessionId,
-        subscriber_buffer_max: usize,
-        host: Weak<crate::host::Registry>,
-    ) -> AgentSlot {
-        AgentSlot {
-            id,
-            state: watch::Sender::new(SlotState::Restarting),
-            observers: Channel::new(subscriber_buffer_max),
-            write_fence: Arc::new(tokio::sync::Mutex::new(())),
-            dormant: Mutex::new(None),
-            host,
-        }
-    }
-
-    pub(crate) fn set(&self, state: SlotState) {
-        self.state.send_replace(state);
-    }
-
-    pub(crate) fn current(&self) -> SlotState {
-        self.state.borrow().clone()
-    }
-
-    fn dormant_lock(&self) -> std::sync::MutexGuard<'_, Option<Box<AgentCore>>> {
-        // Only moves of a box happen under this lock; a panic cannot leave it half-updated.
-        self.dormant.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The actor hands over its hibernated core and stops: the agent is dormant.
-    pub(crate) fn passivate(&self, core: AgentCore) {
-        let mut dormant = self.dormant_lock();
-        *dormant = Some(Box::new(core));
-        self.set(SlotState::Dormant);
-    }
-
-    /// Takes the dormant core (the caller then spawns its actor), or `None` if another caller did.
-    pub(crate) fn take_dormant(&self) -> Option<Box<AgentCore>> {
-        let mut dormant = self.dormant_lock();
-        let core = dormant.take();
-        if core.is_some() {
-            self.set(SlotState::Waking);
-        }
-        core
-    }
-
-    /// Reads the dormant core, if the agent is dormant.
-    pub(crate) fn with_dormant<T>(&self, f: impl FnOnce(&AgentCore) -> T) -> Option<T> {
-        self.dormant_lock().as_deref().map(f)
-    }
-}
-
-/// A handle to one agent. Cheap to clone.
+/// A handle to one agent, from `Host::create`, `resume`, `open` or `get`. Cheap to clone; stays
+/// valid across the agent's restarts and hibernation.
 #[derive(Clone, Debug)]
 pub struct AgentHandle {
-    pub(crate) slot: Arc<AgentSlot>,
+    /// The agent's registry entry, which the host points at its current actor.
+    slot: Arc<AgentSlot>,
 }
 
 impl AgentHandle {
+    /// A handle reaching the agent of `slot` (the host makes them).
+    pub(crate) fn new(slot: Arc<AgentSlot>) -> AgentHandle {
+        AgentHandle { slot }
+    }
+
+    /// The agent's id (its session id).
     pub fn id(&self) -> &SessionId {
         &self.slot.id
     }

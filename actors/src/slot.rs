@@ -1,0 +1,146 @@
+//! `AgentSlot`: the registry entry of one agent, shared by the host, the agent's actor and every
+//! handle; `SlotState`, where the agent's current actor is; `SlotHost`, what a slot may ask of the
+//! host that registered it.
+//!
+//! The slot outlives actors: a restart or a wake points it at a new actor, and handles reach the
+//! agent through it. A hibernated agent is *dormant*: its actor has stopped and its compact core
+//! waits in `AgentSlot::dormant` until a caller takes it out and asks the host to spawn an actor over
+//! it (`SlotHost::wake`).
+//!
+//! The slot reaches its host through the `SlotHost` trait (implemented by the host's registry), so
+//! this module and the handle never name the host: the dependencies run host → handle → slot, one
+//! way.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+
+use dsh::SessionId;
+use dsh::session::Event;
+use dsh::turn::AgentCore;
+use futures::future::BoxFuture;
+use ractor::ActorRef;
+use tokio::sync::watch;
+
+use crate::agent::msg::AgentMsg;
+use crate::observe::Channel;
+
+/// Where an agent's current actor is.
+#[derive(Clone, Debug)]
+pub(crate) enum SlotState {
+    /// An actor runs the agent; the flag is set by that actor (and no other) before it passivates.
+    Live(ActorRef<AgentMsg>, Arc<AtomicBool>),
+    /// Hibernated without an actor: the core is in `AgentSlot::dormant`.
+    Dormant,
+    /// A caller took the dormant core and the host is spawning its actor.
+    Waking,
+    /// The host is (re)starting the agent's actor from its log; callers wait for `Live`.
+    Restarting,
+    /// The agent refuses all input, for the reason given (store failure, restart intensity).
+    Failed(String),
+    /// Disposed, or its host shut down.
+    Disposed,
+}
+
+/// What a slot asks of the host that registered it. The host's registry implements it; the slot
+/// holds it weakly, so a handle that outlives its host finds it gone instead of keeping it alive.
+pub(crate) trait SlotHost: Send + Sync {
+    /// Spawns an actor over `core`, the dormant core the caller took from `slot`.
+    ///
+    /// # Errors
+    /// Why the actor could not start, as text (the caller marks the agent failed with it).
+    fn wake<'a>(
+        &'a self,
+        slot: &'a Arc<AgentSlot>,
+        core: AgentCore,
+    ) -> BoxFuture<'a, Result<(), String>>;
+
+    /// The durable log of agent `id`, read straight from the store without repair.
+    ///
+    /// # Errors
+    /// The store's failure, as text.
+    fn read_log<'a>(&'a self, id: &'a SessionId) -> BoxFuture<'a, Result<Vec<Event>, String>>;
+}
+
+/// The registry entry of one agent, shared by the host, its actor and every handle.
+pub(crate) struct AgentSlot {
+    /// The agent's id; never changes.
+    pub(crate) id: SessionId,
+    /// Where the agent's actor is. Written by the host (restart, dispose), by the actor (`Live` in
+    /// its `pre_start`, `Failed`) and by the dormant-core hand-over below; handles watch it.
+    pub(crate) state: watch::Sender<SlotState>,
+    /// Observers of this agent; outlives restarts.
+    pub(crate) observers: Channel,
+    /// Held by the session writer while an append is in flight, so a restart can wait for the last
+    /// write of the previous actor before it reads the log back.
+    pub(crate) write_fence: Arc<tokio::sync::Mutex<()>>,
+    /// The core of a dormant agent.
+    ///
+    /// Invariant: `Some` exactly while `state` is `Dormant`; both change under this lock.
+    dormant: Mutex<Option<Box<AgentCore>>>,
+    /// The host that spawns this agent's actors.
+    pub(crate) host: Weak<dyn SlotHost>,
+}
+
+impl std::fmt::Debug for AgentSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentSlot")
+            .field("id", &self.id)
+            .field("state", &*self.state.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AgentSlot {
+    /// A slot for agent `id`, `Restarting` until its first actor publishes itself `Live`.
+    pub(crate) fn new(
+        id: SessionId,
+        subscriber_buffer_max: usize,
+        host: Weak<dyn SlotHost>,
+    ) -> AgentSlot {
+        AgentSlot {
+            id,
+            state: watch::Sender::new(SlotState::Restarting),
+            observers: Channel::new(subscriber_buffer_max),
+            write_fence: Arc::new(tokio::sync::Mutex::new(())),
+            dormant: Mutex::new(None),
+            host,
+        }
+    }
+
+    /// Replaces the state and wakes every handle waiting on it.
+    pub(crate) fn set(&self, state: SlotState) {
+        self.state.send_replace(state);
+    }
+
+    /// The state now.
+    pub(crate) fn current(&self) -> SlotState {
+        self.state.borrow().clone()
+    }
+
+    fn dormant_lock(&self) -> MutexGuard<'_, Option<Box<AgentCore>>> {
+        // Only moves of a box happen under this lock; a panic cannot leave it half-updated.
+        self.dormant.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The actor hands over its hibernated core and stops: the agent is dormant.
+    pub(crate) fn passivate(&self, core: AgentCore) {
+        let mut dormant = self.dormant_lock();
+        *dormant = Some(Box::new(core));
+        self.set(SlotState::Dormant);
+    }
+
+    /// Takes the dormant core (the caller then spawns its actor), or `None` if another caller did.
+    pub(crate) fn take_dormant(&self) -> Option<Box<AgentCore>> {
+        let mut dormant = self.dormant_lock();
+        let core = dormant.take();
+        if core.is_some() {
+            self.set(SlotState::Waking);
+        }
+        core
+    }
+
+    /// Reads the dormant core, if the agent is dormant.
+    pub(crate) fn with_dormant<T>(&self, f: impl FnOnce(&AgentCore) -> T) -> Option<T> {
+        self.dormant_lock().as_deref().map(f)
+    }
+}

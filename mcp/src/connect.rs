@@ -1,0 +1,245 @@
+//! Opening one connection to a server: starting the process (or reaching the URL), the MCP
+//! handshake and the first tool list, all within the entry's startup timeout.
+//!
+//! A stdio server is started with dsh's API keys removed from its environment (unless its entry
+//! names them), its stderr discarded (so it cannot write over `chat`), `kill_on_drop`, and a
+//! parent-death signal, so it dies with `dsh` even when `dsh` is killed with SIGKILL.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rmcp::model::Tool as RmcpTool;
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use serde_json::Value;
+
+use crate::config::{API_KEY_VARIABLES, ServerConfig, Transport};
+
+/// The most tools taken from one server (the rest are left out with a warning).
+pub const TOOLS_MAX: usize = 512;
+/// The longest tool name a model accepts (`NAME__TOOL` included).
+pub const TOOL_NAME_BYTES_MAX: usize = 64;
+/// How many HTTP requests to one server may be in flight at once.
+const HTTP_CONCURRENCY: usize = 64;
+
+/// One tool of a server, as the model will see it (under `SERVER__NAME`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct McpToolInfo {
+    /// The tool's name on its server.
+    pub name: String,
+    /// Its description (empty when the server gives none).
+    pub description: String,
+    /// The JSON schema of its arguments object.
+    pub input_schema: Value,
+    /// The server marks it read-only (`readOnlyHint`): its calls may run in parallel.
+    pub read_only: bool,
+}
+
+/// The client side of a connection: it notes `notifications/tools/list_changed`.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Handler {
+    /// Set when the server said its tool list changed; cleared when the list is read again.
+    pub(crate) list_changed: Arc<AtomicBool>,
+}
+
+impl ClientHandler for Handler {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.list_changed.store(true, Ordering::Release);
+    }
+}
+
+/// An open connection; dropping it closes the connection and kills a stdio server.
+pub(crate) type Service = RunningService<RoleClient, Handler>;
+
+/// Why a connection could not be opened; the text is shown to the model and in `dsh mcp list`.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The process could not be started.
+    #[error("cannot start `{command}`: {cause}")]
+    Spawn {
+        /// The program.
+        command: String,
+        /// The operating system's reason.
+        cause: String,
+    },
+    /// The bearer token variable is not set.
+    #[error("the environment variable {0} (bearer_token_env) is not set")]
+    MissingToken(String),
+    /// The handshake failed (the process exited, or answered something that is not MCP).
+    #[error("the MCP handshake failed: {0}")]
+    Handshake(String),
+    /// Listing the tools failed.
+    #[error("listing the tools failed: {0}")]
+    ListTools(String),
+    /// Nothing came back in time.
+    #[error("no answer within the startup timeout of {0} ms")]
+    Timeout(u128),
+}
+
+/// Opens a connection to `config`'s server and reads its tools, within the startup timeout.
+pub(crate) async fn connect(config: &ServerConfig) -> Result<Opened, ConnectError> {
+    let limit = config.startup_timeout;
+    match tokio::time::timeout(limit, open_and_list(config)).await {
+        Ok(result) => result,
+        Err(_) => Err(ConnectError::Timeout(limit.as_millis())),
+    }
+}
+
+/// A connection just opened.
+pub(crate) struct Opened {
+    /// The running client; dropping it closes the connection.
+    pub(crate) service: Service,
+    /// The server's tools.
+    pub(crate) tools: Vec<McpToolInfo>,
+    /// The handler, whose flag says the tool list changed.
+    pub(crate) handler: Handler,
+    /// The process id of a stdio server.
+    pub(crate) pid: Option<u32>,
+}
+
+async fn open_and_list(config: &ServerConfig) -> Result<Opened, ConnectError> {
+    let handler = Handler::default();
+    let mut pid = None;
+    let service = match &config.transport {
+        Transport::Stdio {
+            command,
+            args,
+            env,
+            cwd,
+        } => {
+            let mut cmd = tokio::process::Command::new(command);
+            cmd.args(args)
+                .stderr(std::process::Stdio::null())
+                .kill_on_drop(true);
+            for key in API_KEY_VARIABLES {
+                cmd.env_remove(key);
+            }
+            cmd.envs(env);
+            if let Some(dir) = cwd {
+                cmd.current_dir(dir);
+            }
+            die_with_parent(&mut cmd);
+            let spawn_err = |e: std::io::Error| ConnectError::Spawn {
+                command: command.clone(),
+                cause: e.to_string(),
+            };
+            let (transport, _stderr) = TokioChildProcess::builder(cmd)
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .map_err(spawn_err)?;
+            pid = transport.id();
+            handler
+                .clone()
+                .serve(transport)
+                .await
+                .map_err(|e| ConnectError::Handshake(e.to_string()))?
+        }
+        Transport::Http {
+            url,
+            bearer_token_env,
+        } => {
+            let mut http = StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                .max_concurrent_requests(HTTP_CONCURRENCY);
+            if let Some(var) = bearer_token_env {
+                let token = std::env::var(var)
+                    .ok()
+                    .filter(|t| !t.is_empty())
+                    .ok_or_else(|| ConnectError::MissingToken(var.clone()))?;
+                http = http.auth_header(token);
+            }
+            let transport = StreamableHttpClientTransport::from_config(http);
+            handler
+                .clone()
+                .serve(transport)
+                .await
+                .map_err(|e| ConnectError::Handshake(e.to_string()))?
+        }
+    };
+    let tools = list_tools(&config.name, &service).await?;
+    Ok(Opened {
+        service,
+        tools,
+        handler,
+        pid,
+    })
+}
+
+/// Reads the server's tool list (every page), keeping what a model can be given.
+pub(crate) async fn list_tools(
+    server: &str,
+    service: &Service,
+) -> Result<Vec<McpToolInfo>, ConnectError> {
+    let listed = service
+        .peer()
+        .list_all_tools()
+        .await
+        .map_err(|e| ConnectError::ListTools(e.to_string()))?;
+    let mut tools = Vec::new();
+    for tool in listed {
+        if tools.len() == TOOLS_MAX {
+            tracing::warn!(server, "more than {TOOLS_MAX} tools; the rest are left out");
+            break;
+        }
+        match info_of(server, tool) {
+            Ok(info) => tools.push(info),
+            Err(reason) => tracing::warn!(server, "a tool is left out: {reason}"),
+        }
+    }
+    tools.sort_by(|a, b| a.name.cmp(&b.name));
+    tools.dedup_by(|a, b| a.name == b.name);
+    Ok(tools)
+}
+
+/// A listed tool as dsh keeps it, or why it cannot be offered to a model.
+fn info_of(server: &str, tool: RmcpTool) -> Result<McpToolInfo, String> {
+    let name = tool.name.to_string();
+    let full = format!("{server}__{name}").len();
+    if name.is_empty()
+        || full > TOOL_NAME_BYTES_MAX
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(format!(
+            "`{}`: a tool name is letters, digits, `_` or `-`, at most {TOOL_NAME_BYTES_MAX} bytes with its server's prefix",
+            name.escape_debug()
+        ));
+    }
+    let read_only = tool
+        .annotations
+        .as_ref()
+        .and_then(|a| a.read_only_hint)
+        .unwrap_or(false);
+    Ok(McpToolInfo {
+        name,
+        description: tool.description.map(|d| d.to_string()).unwrap_or_default(),
+        input_schema: Value::Object((*tool.input_schema).clone()),
+        read_only,
+    })
+}
+
+/// Makes a stdio server die with `dsh`: a parent-death signal (SIGKILL) set in the child before
+/// `exec`. The signal fires when the thread that spawned the child exits; spawns happen on a tokio
+/// worker thread (or the test's thread), which lives as long as the runtime.
+fn die_with_parent(cmd: &mut tokio::process::Command) {
+    let parent = rustix::process::getpid();
+    // SAFETY: the closure runs in the forked child before `exec` and only makes two system calls
+    // through rustix (`prctl`, `getppid`), which are async-signal-safe: no allocation, no lock, no
+    // access to state another thread could hold. Its error is built from a raw errno (no allocation
+    // either).
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                .map_err(|e| std::io::Error::from_raw_os_error(e.raw_os_error()))?;
+            // `dsh` may have died between the fork and the prctl: then the signal never comes.
+            if rustix::process::getppid() != Some(parent) {
+                return Err(std::io::Error::from_raw_os_error(
+                    rustix::io::Errno::SRCH.raw_os_error(),
+                ));
+            }
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,88 @@
+//! dsh-mcp: tools from Model Context Protocol servers (SPEC §16), for `dsh chat`, `run`, `serve`
+//! and embedders alike.
+//!
+//! A host configures its servers once (`ServerConfig`, from `[mcp_servers.NAME]` in `dsh.toml`),
+//! starts them with `McpServers::start`, and registers `McpServers::tools` in its `ToolRegistry`:
+//! every agent of the host then shares one connection — one process for a stdio server — per
+//! server. A tool reaches the model as `SERVER__TOOL` with the server's schema; read-only tools run
+//! in parallel, the rest exclusively. Calls run concurrently, each bounded by the call timeout; a
+//! cancelled call sends `notifications/cancelled` and ends at once; a server that exits or hangs
+//! fails its calls with a clear error result and is restarted with backoff (`server`).
+//!
+//! Built on the official Rust SDK, `rmcp`.
+
+pub mod config;
+pub mod connect;
+pub mod content;
+pub mod server;
+pub mod tool;
+
+use std::sync::Arc;
+
+use dsh::tools::ToolRegistry;
+
+pub use config::{ConfigError, ServerConfig, ServerEntry, Transport};
+pub use connect::{ConnectError, McpToolInfo};
+pub use server::{McpServer, ServerState, ServerStatus};
+pub use tool::McpTool;
+
+/// The MCP servers of one host.
+#[derive(Clone, Debug, Default)]
+pub struct McpServers {
+    servers: Vec<Arc<McpServer>>,
+}
+
+impl McpServers {
+    /// Starts every server concurrently and waits for each to connect or fail (each bounded by its
+    /// startup timeout). A server that fails stays configured, `Down`, and is tried again at its
+    /// next call; its failure is logged and shown by `statuses`.
+    pub async fn start(configs: Vec<ServerConfig>) -> McpServers {
+        let servers: Vec<Arc<McpServer>> = configs.into_iter().map(McpServer::new).collect();
+        let attempts = servers.iter().map(|s| {
+            let s = Arc::clone(s);
+            async move {
+                let _ = s.connect().await;
+            }
+        });
+        futures::future::join_all(attempts).await;
+        McpServers { servers }
+    }
+
+    /// A set of servers already made (and perhaps connected) by the caller.
+    pub fn from_servers(servers: Vec<Arc<McpServer>>) -> McpServers {
+        McpServers { servers }
+    }
+
+    /// The servers.
+    pub fn servers(&self) -> &[Arc<McpServer>] {
+        &self.servers
+    }
+
+    /// Whether no server is configured.
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+
+    /// Every known tool of every server, as `SERVER__TOOL` tools ready to register.
+    pub fn tools(&self) -> ToolRegistry {
+        let mut registry = ToolRegistry::new();
+        for server in &self.servers {
+            for info in server.status().tools {
+                registry.register(Arc::new(McpTool::new(Arc::clone(server), info)));
+            }
+        }
+        registry
+    }
+
+    /// Each server's name, state and tools, in configuration order.
+    pub fn statuses(&self) -> Vec<ServerStatus> {
+        self.servers.iter().map(|s| s.status()).collect()
+    }
+
+    /// Closes every connection (killing the stdio servers).
+    pub async fn shutdown(&self) {
+        for server in &self.servers {
+            server.stop().await;
+        }
+    }
+}
