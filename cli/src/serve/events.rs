@@ -66,7 +66,7 @@ struct Plan {
 }
 
 /// `GET /v1/sessions/{id}/events`.
-#[utoipa::path(get, path = "/v1/sessions/{id}/events", params(("id" = String, Path, description = "The session id"), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq"), EventsQuery), responses((status = 200, description = "One SSE event per durable event: `id:` seq, `event:` type, `data:` v0 JSON", content_type = "text/event-stream", body = String), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/sessions/{id}/events", params(("id" = String, Path, description = "The session id"), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq"), EventsQuery), responses((status = 200, description = "One SSE event per durable event: `id:` seq, `event:` type, `data:` v0 JSON", content_type = "text/event-stream", body = String), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 503, description = "Too many event streams open (`too_many_streams`); see Retry-After", body = crate::serve::error::ErrorBody)))]
 pub async fn events(
     State(state): State<AppState>,
     Path(id): Path<String>,
