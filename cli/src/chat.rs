@@ -24,7 +24,7 @@ use dsh::turn::{LiveEvent, Status};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
-use crate::live::{self, AgentOptions, LiveAgent};
+use crate::live::{self, LiveAgent};
 use crate::render::{self, Style};
 use crate::text::visible;
 use crate::{ChatArgs, CliError, Config};
@@ -174,17 +174,9 @@ enum Next {
 /// # Errors
 /// A `CliError` when the agent cannot start, refuses input for good, or fails.
 pub async fn run(args: ChatArgs, config: Config) -> Result<ExitCode, CliError> {
-    let opts = AgentOptions {
-        session: args.session.clone(),
-        script: args.script.clone(),
-        shell: args.shell,
-        max_tokens: args.max_tokens,
-        system: args.system.clone(),
-        retry_timeout_ms: args.retry_timeout_ms,
-    };
     let mut sigint = signal(SignalKind::interrupt())
         .map_err(|e| CliError::Failed(format!("cannot handle SIGINT: {e}")))?;
-    let agent = live::start(&config, &opts).await?;
+    let agent = live::start(&config, &args.agent).await?;
     if agent.minted {
         eprintln!("session: {}", agent.id());
     } else if let Ok(status) = agent.handle.status().await
