@@ -255,17 +255,22 @@ async fn converse(
             },
             _ = sigint.recv() => {
                 if turn.working {
-                    agent
-                        .handle
-                        .cancel(CancelCause::User, false)
-                        .await
-                        .map_err(|e| CliError::Failed(e.to_string()))?;
+                    cancel_turn(agent).await?;
                 } else {
                     return Ok(());
                 }
             }
         }
     }
+}
+
+/// Cancels the running turn for the user (Ctrl-C or `/cancel` while it works).
+async fn cancel_turn(agent: &LiveAgent) -> Result<(), CliError> {
+    agent
+        .handle
+        .cancel(CancelCause::User, false)
+        .await
+        .map_err(|e| CliError::Failed(e.to_string()))
 }
 
 /// Shows what the subscription delivered and tracks the turn's progress. Returns whether the work
@@ -378,11 +383,7 @@ async fn on_line(
         "/help" => screen.note(HELP),
         "/cancel" => {
             if working {
-                agent
-                    .handle
-                    .cancel(CancelCause::User, false)
-                    .await
-                    .map_err(|e| CliError::Failed(e.to_string()))?;
+                cancel_turn(agent).await?;
             } else {
                 screen.note("[nothing is running]");
             }
