@@ -1023,8 +1023,12 @@ fn export_then_import_round_trips_byte_for_byte() {
 // ---------------------------------------------------------------------------------------------
 // dsh chat, in a pseudo-terminal
 
-fn spawn_chat(sb: &Sandbox, args: &[&str]) -> rexpect::session::PtySession {
-    let mut cmd = sb.command(&[&["chat"], args].concat());
+/// `dsh chat --session SESSION` in a pseudo-terminal, replaying `entries` (written to `s.json`)
+/// with the script provider.
+fn spawn_chat(sb: &Sandbox, session: &str, entries: Value) -> rexpect::session::PtySession {
+    let script = sb.script("s.json", entries);
+    let script = script.to_str().expect("utf-8");
+    let mut cmd = sb.command(&["chat", "--session", session, "--script", script]);
     cmd.stdin(Stdio::inherit());
     rexpect::session::spawn_command(cmd, Some(PTY_TIMEOUT_MS)).expect("dsh chat starts in a pty")
 }
@@ -1044,21 +1048,13 @@ fn quit(mut chat: rexpect::session::PtySession) {
 #[test]
 fn chat_streams_and_a_typed_line_steers_the_running_turn() {
     let sb = Sandbox::new();
-    let script = sb.script(
-        "s.json",
+    let mut chat = spawn_chat(
+        &sb,
+        "c1",
         serde_json::json!([
             {"text": "Hello there", "gate": "g1", "gate_after_chunks": 3},
             {"text": "Got it"}
         ]),
-    );
-    let mut chat = spawn_chat(
-        &sb,
-        &[
-            "--session",
-            "c1",
-            "--script",
-            script.to_str().expect("utf-8"),
-        ],
     );
     chat.exp_string("> ").expect("prompt");
     chat.send_line("hi").expect("send");
@@ -1092,21 +1088,13 @@ fn chat_streams_and_a_typed_line_steers_the_running_turn() {
 #[test]
 fn chat_queue_becomes_its_own_turn() {
     let sb = Sandbox::new();
-    let script = sb.script(
-        "s.json",
+    let mut chat = spawn_chat(
+        &sb,
+        "q",
         serde_json::json!([
             {"text": "first answer", "gate": "g", "gate_after_chunks": 3},
             {"text": "second answer"}
         ]),
-    );
-    let mut chat = spawn_chat(
-        &sb,
-        &[
-            "--session",
-            "q",
-            "--script",
-            script.to_str().expect("utf-8"),
-        ],
     );
     chat.exp_string("> ").expect("prompt");
     chat.send_line("one").expect("send");
@@ -1131,18 +1119,10 @@ fn chat_queue_becomes_its_own_turn() {
 #[test]
 fn chat_ctrl_c_aborts_the_turn_then_exits_at_the_prompt() {
     let sb = Sandbox::new();
-    let script = sb.script(
-        "s.json",
-        serde_json::json!([{"hang": "working on it"}, {"text": "fresh start"}]),
-    );
     let mut chat = spawn_chat(
         &sb,
-        &[
-            "--session",
-            "cc",
-            "--script",
-            script.to_str().expect("utf-8"),
-        ],
+        "cc",
+        serde_json::json!([{"hang": "working on it"}, {"text": "fresh start"}]),
     );
     chat.exp_string("> ").expect("prompt");
     chat.send_line("go").expect("send");
@@ -1206,18 +1186,10 @@ fn chat_from_a_pipe_answers_then_exits_at_end_of_input() {
 #[test]
 fn reading_commands_work_while_a_chat_holds_the_store() {
     let sb = Sandbox::new();
-    let script = sb.script(
-        "s.json",
-        serde_json::json!([{"text": "Held answer", "gate": "g1", "gate_after_chunks": 2}]),
-    );
     let mut chat = spawn_chat(
         &sb,
-        &[
-            "--session",
-            "held",
-            "--script",
-            script.to_str().expect("utf-8"),
-        ],
+        "held",
+        serde_json::json!([{"text": "Held answer", "gate": "g1", "gate_after_chunks": 2}]),
     );
     chat.exp_string("> ").expect("prompt");
     chat.send_line("hello while held").expect("send");
@@ -1228,6 +1200,8 @@ fn reading_commands_work_while_a_chat_holds_the_store() {
     let r = sb.run(&["show", "held"]);
     assert_eq!(r.code, Some(0), "{r:#?}");
     assert!(r.stdout.contains("hello while held"), "{}", r.stdout);
+    // The chat's script file serves as the import: whatever it holds, writing needs the lock.
+    let script = sb.path().join("s.json");
     let r = sb.run(&["import", script.to_str().expect("utf-8")]);
     assert_ne!(r.code, Some(0), "writing still needs the lock: {r:#?}");
     chat.send_line("/open g1").expect("send");
