@@ -6,58 +6,20 @@
 //! The binary is this package's own (`CARGO_BIN_EXE_dsh`, or `DSH_BIN` when set). Waits are for
 //! output or files, never for time; rexpect's timeout only turns a hang into a failure.
 
+mod sandbox;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::process::{Command, Stdio};
 
+use sandbox::{Run, Sandbox};
 use serde_json::Value;
 
 /// Bounds a pty read: a hang fails the test instead of blocking it forever.
 const PTY_TIMEOUT_MS: u64 = 60_000;
 
-/// The `dsh` binary: cargo builds it for this package's integration tests (or `DSH_BIN` names one).
-fn dsh_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| match std::env::var_os("DSH_BIN") {
-        Some(bin) => PathBuf::from(bin),
-        None => PathBuf::from(env!("CARGO_BIN_EXE_dsh")),
-    })
-}
-
-/// A working directory for one test, with the default data directory `./.dsh` inside it.
-struct Sandbox {
-    dir: tempfile::TempDir,
-}
-
-/// Environment variables that would leak the developer's setup into a test.
-const SCRUBBED_VARS: [&str; 9] = [
-    "DSH_LOG",
-    "DSH_DATA_DIR",
-    "DSH_PROVIDER",
-    "DSH_BASE_URL",
-    "DSH_MODEL",
-    "DSH_CONFIG",
-    "DEEPSEEK_API_KEY",
-    "OPENAI_API_KEY",
-    "DEEPSEEK_BASE_URL",
-];
-
 impl Sandbox {
-    fn new() -> Sandbox {
-        Sandbox {
-            dir: tempfile::tempdir().expect("tempdir"),
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn data_dir(&self) -> PathBuf {
-        self.path().join(".dsh")
-    }
-
+    /// Writes `text` to the file `name` in the working directory.
     fn write(&self, name: &str, text: &str) -> PathBuf {
         let p = self.path().join(name);
         std::fs::write(&p, text).expect("write a test file");
@@ -67,22 +29,6 @@ impl Sandbox {
     /// A script file of model entries.
     fn script(&self, name: &str, entries: Value) -> PathBuf {
         self.write(name, &entries.to_string())
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(dsh_bin());
-        cmd.args(args)
-            .current_dir(self.path())
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null());
-        for var in SCRUBBED_VARS {
-            cmd.env_remove(var);
-        }
-        cmd
-    }
-
-    fn run(&self, args: &[&str]) -> Run {
-        Run::from(self.command(args).output().expect("dsh runs"))
     }
 
     /// Every file under the data directory with its bytes (empty when there is none).
@@ -115,24 +61,6 @@ fn snapshot_into(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) 
         } else {
             let rel = p.strip_prefix(root).unwrap_or(&p).to_path_buf();
             out.insert(rel, std::fs::read(&p).unwrap_or_default());
-        }
-    }
-}
-
-/// What a finished `dsh` process left.
-#[derive(Debug)]
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl From<Output> for Run {
-    fn from(o: Output) -> Run {
-        Run {
-            code: o.status.code(),
-            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
         }
     }
 }
