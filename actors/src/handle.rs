@@ -30,6 +30,13 @@ use crate::error::InputError;
 use crate::observe::{StatusReport, Subscription};
 use crate::slot::{AgentSlot, SlotState};
 
+/// Where an acknowledged input landed in the agent's log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InputReceipt {
+    /// Seq of the durable `agent/inbox/spliced` event that queued the message.
+    pub seq: u64,
+}
+
 /// A handle to one agent, from `Host::create`, `resume`, `open` or `get`. Cheap to clone; stays
 /// valid across the agent's restarts and hibernation.
 #[derive(Clone, Debug)]
@@ -132,11 +139,21 @@ impl AgentHandle {
     /// # Errors
     /// `InputError` when the message is refused or the agent cannot take input.
     pub async fn followup(&self, msg: Message) -> Result<(), InputError> {
-        self.request(|reply| AgentMsg::Followup {
-            msg: msg.clone(),
-            reply,
-        })
-        .await?
+        self.followup_receipt(msg).await.map(|_| ())
+    }
+
+    /// `followup`, answering where the input landed in the log.
+    ///
+    /// # Errors
+    /// As `followup`.
+    pub async fn followup_receipt(&self, msg: Message) -> Result<InputReceipt, InputError> {
+        let seq = self
+            .request(|reply| AgentMsg::Followup {
+                msg: msg.clone(),
+                reply,
+            })
+            .await??;
+        self.receipt(seq)
     }
 
     /// Input for the nearest step boundary; wakes the agent. Returns once durable.
@@ -144,11 +161,21 @@ impl AgentHandle {
     /// # Errors
     /// `InputError` when the message is refused or the agent cannot take input.
     pub async fn steer(&self, msg: Message) -> Result<(), InputError> {
-        self.request(|reply| AgentMsg::Steer {
-            msg: msg.clone(),
-            reply,
-        })
-        .await?
+        self.steer_receipt(msg).await.map(|_| ())
+    }
+
+    /// `steer`, answering where the input landed in the log.
+    ///
+    /// # Errors
+    /// As `steer`.
+    pub async fn steer_receipt(&self, msg: Message) -> Result<InputReceipt, InputError> {
+        let seq = self
+            .request(|reply| AgentMsg::Steer {
+                msg: msg.clone(),
+                reply,
+            })
+            .await??;
+        self.receipt(seq)
     }
 
     /// Input for the next boundary of whatever turn runs next; does not wake. Returns once durable.
@@ -156,11 +183,30 @@ impl AgentHandle {
     /// # Errors
     /// `InputError` when the message is refused or the agent cannot take input.
     pub async fn inject(&self, msg: Message) -> Result<(), InputError> {
-        self.request(|reply| AgentMsg::Inject {
-            msg: msg.clone(),
-            reply,
-        })
-        .await?
+        self.inject_receipt(msg).await.map(|_| ())
+    }
+
+    /// `inject`, answering where the input landed in the log.
+    ///
+    /// # Errors
+    /// As `inject`.
+    pub async fn inject_receipt(&self, msg: Message) -> Result<InputReceipt, InputError> {
+        let seq = self
+            .request(|reply| AgentMsg::Inject {
+                msg: msg.clone(),
+                reply,
+            })
+            .await??;
+        self.receipt(seq)
+    }
+
+    /// The receipt of an input whose splice is at `seq` (every admitted input writes one).
+    fn receipt(&self, seq: Option<u64>) -> Result<InputReceipt, InputError> {
+        seq.map(|seq| InputReceipt { seq })
+            .ok_or_else(|| InputError::Store {
+                id: self.id().clone(),
+                reason: "the input was acknowledged without a splice event".into(),
+            })
     }
 
     /// Aborts the active turn with `cause`; without `keep_inbox` durably discards all pending input.

@@ -173,8 +173,17 @@ async fn via_http(agents: usize, turns: usize) -> Figures {
     let settings = ServerSettings {
         keep_alive: Duration::from_secs(15),
         drain_timeout: Duration::from_secs(1),
+        max_streams: dsh_cli::serve::events::DEFAULT_MAX_STREAMS,
     };
-    let state = AppState::new(host.clone(), Arc::clone(&store), defaults(), None, settings);
+    let metrics = Arc::new(dsh_cli::serve::metrics::ServerMetrics::new());
+    let state = AppState::new(
+        host.clone(),
+        Arc::clone(&store),
+        defaults(),
+        None,
+        settings,
+        metrics,
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

@@ -873,13 +873,254 @@ async fn metrics_are_prometheus_text() {
         "dsh_sse_subscribers 1",
         "dsh_agents{state=\"live\"} 1",
         "dsh_agents{state=\"hibernated\"} 0",
+        "dsh_turns_total{reason=\"completed\"} 1",
+        "dsh_input_locks 0",
         "# TYPE dsh_turns counter",
+        "# TYPE dsh_store_commit_seconds histogram",
         "# TYPE dsh_events_appended counter",
         "# TYPE dsh_store_commits counter",
         "# EOF",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
     }
+    assert!(
+        !text.contains("dsh_provider_failures_total{"),
+        "no failure yet:\n{text}"
+    );
+    // Every durable append was timed: the histogram counts as many commits as the store ran
+    // append requests, and at least the turn's.
+    let commits = metric(&text, "dsh_store_commit_seconds_count");
+    assert_eq!(commits, metric(&text, "dsh_store_appends_total"), "{text}");
+    assert!(commits >= 1, "{text}");
+    assert!(s.stop().success());
+}
+
+/// The value of the sample `name` (without labels) in Prometheus text.
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} in\n{text}"))
+}
+
+/// A provider that refuses every request with 401: a TCP server on 127.0.0.1 that reads one
+/// request and answers it. Returns its base URL.
+async fn refusing_provider() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // Read the head and as much body as it announces, then answer.
+                loop {
+                    let Ok(n) = conn.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let len = text[..end]
+                            .lines()
+                            .find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case("content-length")
+                                    .then(|| v.trim().parse::<usize>().ok())?
+                            })
+                            .unwrap_or(0);
+                        if buf.len() >= end + 4 + len {
+                            break;
+                        }
+                    }
+                }
+                let body = r#"{"error":{"message":"bad key","type":"invalid_request_error"}}"#;
+                let answer = format!(
+                    "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(answer.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn provider_failures_and_turn_ends_are_counted_by_code_and_reason() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = refusing_provider().await;
+    let config = format!("provider = \"openai\"\nbase_url = \"{base}\"\nmodel = \"m\"\n");
+    let mut cmd = serve_command(dir.path(), &config, &["--listen", "127.0.0.1:0"]);
+    cmd.env("OPENAI_API_KEY", "sk-test");
+    let s = Server::start_with(cmd);
+    s.call("POST", "/v1/sessions", Some(json!({"id": "a"})))
+        .await;
+    let mut stream = s.events("/v1/sessions/a/events", None).await;
+    let (status, _) = s
+        .call(
+            "POST",
+            "/v1/sessions/a/followup",
+            Some(json!({"text": "hi"})),
+        )
+        .await;
+    assert_eq!(status, 202);
+    let seen = stream.until("turn/end").await;
+    let end = seen.last().expect("a turn/end");
+    assert_eq!(end.data["data"]["reason"]["kind"], "error");
+    assert_eq!(end.data["data"]["reason"]["error"]["code"], "AUTH");
+    let (status, _) = s
+        .call(
+            "POST",
+            "/v1/sessions/a/followup",
+            Some(json!({"text": "again"})),
+        )
+        .await;
+    assert_eq!(status, 202);
+    stream.until("turn/end").await;
+    let text = s
+        .client
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .expect("send")
+        .text()
+        .await
+        .expect("body");
+    for line in [
+        "dsh_turns_total{reason=\"error\"} 2",
+        "dsh_provider_failures_total{code=\"AUTH\"} 2",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
+    assert!(!text.contains("reason=\"completed\""), "{text}");
+    assert!(s.stop().success());
+}
+
+#[tokio::test]
+async fn event_streams_are_bounded_503_with_retry_after_past_the_cap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = Server::start(dir.path(), FAST_SIM, &["--max-streams", "1"]);
+    s.call("POST", "/v1/sessions", Some(json!({"id": "a"})))
+        .await;
+    let _open = s.events("/v1/sessions/a/events", None).await;
+    let resp = s
+        .client
+        .get(s.url("/v1/sessions/a/events?follow=false"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status().as_u16(), 503);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let body: Value = resp.json_value().await;
+    assert!(error("too_many_streams")(&body), "{body}");
+    assert_eq!(
+        message(&body),
+        "1 event streams are open, the most this server keeps; retry later"
+    );
+    let (status, body) = s.call("GET", "/v1/sessions/a", None).await;
+    assert_eq!((status, &body["id"]), (200, &json!("a")));
+    assert!(s.stop().success());
+}
+
+/// `line` without its ANSI colour sequences (`ESC [ … m`).
+fn without_colours(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_request_span_names_its_session() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = serve_command(dir.path(), FAST_SIM, &["--listen", "127.0.0.1:0"]);
+    cmd.env("DSH_LOG", "dsh_cli=debug");
+    let s = Server::start_with(cmd);
+    s.call("POST", "/v1/sessions", Some(json!({"id": "a"})))
+        .await;
+    let (status, _) = s
+        .call(
+            "POST",
+            "/v1/sessions/a/followup",
+            Some(json!({"text": "one"})),
+        )
+        .await;
+    assert_eq!(status, 202);
+    let line = without_colours(&s.wait_stderr("input acknowledged"));
+    assert!(
+        line.contains("method=POST path=/v1/sessions/a/followup session=a}"),
+        "{line}"
+    );
+    assert!(s.stop().success());
+}
+
+#[tokio::test]
+async fn a_session_resumed_after_a_restart_keeps_its_model_and_system_prompt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = Server::start(dir.path(), FAST_SIM, &[]);
+    let (status, _) = s
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"id": "a", "model": "mine", "system": "be brief", "max_tokens": 77})),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let mut stream = s.events("/v1/sessions/a/events", None).await;
+    s.call(
+        "POST",
+        "/v1/sessions/a/followup",
+        Some(json!({"text": "one"})),
+    )
+    .await;
+    stream.until("turn/end").await;
+    drop(stream);
+    assert!(s.stop().success());
+
+    let s = Server::start(dir.path(), FAST_SIM, &[]);
+    let mut stream = s.events("/v1/sessions/a/events?after=0", None).await;
+    s.call(
+        "POST",
+        "/v1/sessions/a/followup",
+        Some(json!({"text": "two"})),
+    )
+    .await;
+    let mut headers = Vec::new();
+    let mut ends = 0;
+    while ends < 2 {
+        let ev = stream.next().await.expect("an event");
+        match ev.event.as_str() {
+            "request/header" => headers.push(ev.data["data"]["header"].clone()),
+            "turn/end" => ends += 1,
+            _ => {}
+        }
+    }
+    // The resumed agent asks with the recorded envelope, not the server's defaults.
+    assert_eq!(headers.len(), 2, "{headers:?}");
+    assert_eq!(headers[0], headers[1]);
+    assert_eq!(
+        headers[1]["config"],
+        json!({"provider": "sim", "model": "mine", "maxTokens": 77})
+    );
+    assert_eq!(headers[1]["system"], "be brief");
     assert!(s.stop().success());
 }
 
@@ -1083,5 +1324,53 @@ async fn a_client_that_falls_behind_is_told_to_resume_and_loses_nothing() {
         .collect();
     assert_eq!(ids, (0..ids.len() as u64).collect::<Vec<_>>());
     assert_eq!(ids.last().copied(), last);
+    assert!(s.stop().success());
+}
+
+#[tokio::test]
+async fn a_replacement_id_repeated_answers_with_the_replacing_splice() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = Server::start(dir.path(), FAST_SIM, &[]);
+    s.call("POST", "/v1/sessions", Some(json!({"id": "a"})))
+        .await;
+    let (status, first) = s
+        .call(
+            "POST",
+            "/v1/sessions/a/inject",
+            Some(json!({"text": "x", "id": "p1"})),
+        )
+        .await;
+    assert_eq!(status, 202);
+    let seq = first["seq"].as_u64().expect("a seq");
+    let (status, replaced) = s
+        .call(
+            "PUT",
+            "/v1/sessions/a/inbox/p1",
+            Some(json!({"text": "y", "id": "p2"})),
+        )
+        .await;
+    assert_eq!(
+        (status, replaced),
+        (200, json!({"message_id": "p1", "replaced_by": "p2"}))
+    );
+    // The replacement's id was applied by the replacing splice, the event after the inject's.
+    let again = s
+        .call(
+            "POST",
+            "/v1/sessions/a/inject",
+            Some(json!({"text": "y", "id": "p2"})),
+        )
+        .await;
+    assert_eq!(again, (200, json!({"message_id": "p2", "seq": seq + 1})));
+    let again = s
+        .call(
+            "POST",
+            "/v1/sessions/a/inject",
+            Some(json!({"text": "x", "id": "p1"})),
+        )
+        .await;
+    assert_eq!(again, (200, json!({"message_id": "p1", "seq": seq})));
+    let (_, info) = s.call("GET", "/v1/sessions/a", None).await;
+    assert_eq!(info["pending"], json!({"next_turn": 0, "next_step": 1}));
     assert!(s.stop().success());
 }

@@ -635,13 +635,25 @@ impl AgentActor {
         }
         match msg {
             AgentMsg::Followup { msg, reply } => {
-                Self::command(state, reply, |core| Ok(((), core.followup(msg, now)?)));
+                // The answer is the ack itself: the seq of the input's splice.
+                Self::command(state, reply, |core| {
+                    let ack = core.followup(msg, now)?;
+                    Ok((ack, ack))
+                });
             }
             AgentMsg::Steer { msg, reply } => {
-                Self::command(state, reply, |core| Ok(((), core.steer(msg, now)?)));
+                // The answer is the ack itself: the seq of the input's splice.
+                Self::command(state, reply, |core| {
+                    let ack = core.steer(msg, now)?;
+                    Ok((ack, ack))
+                });
             }
             AgentMsg::Inject { msg, reply } => {
-                Self::command(state, reply, |core| Ok(((), core.inject(msg, now)?)));
+                // The answer is the ack itself: the seq of the input's splice.
+                Self::command(state, reply, |core| {
+                    let ack = core.inject(msg, now)?;
+                    Ok((ack, ack))
+                });
             }
             AgentMsg::Cancel {
                 cause,

@@ -21,27 +21,27 @@ pub type Reply<T> = oneshot::Sender<T>;
 
 /// Everything an agent actor's mailbox carries.
 pub enum AgentMsg {
-    // From the handle: acked once the input is durable.
+    // From the handle: acked once the input is durable, with the seq of its `agent/inbox/spliced`.
     /// A prompt for its own turn (next-turn), waking the agent.
     Followup {
         /// The prompt.
         msg: Message,
-        /// Acknowledged once the input is durable.
-        reply: Reply<Result<(), InputError>>,
+        /// Acknowledged once the input is durable, with the seq of its splice.
+        reply: Reply<Result<Option<u64>, InputError>>,
     },
     /// Input for the nearest step boundary (next-step), waking the agent.
     Steer {
         /// The input.
         msg: Message,
-        /// Acknowledged once the input is durable.
-        reply: Reply<Result<(), InputError>>,
+        /// Acknowledged once the input is durable, with the seq of its splice.
+        reply: Reply<Result<Option<u64>, InputError>>,
     },
     /// Input for the next boundary of whatever turn runs next, not waking the agent.
     Inject {
         /// The input.
         msg: Message,
-        /// Acknowledged once the input is durable.
-        reply: Reply<Result<(), InputError>>,
+        /// Acknowledged once the input is durable, with the seq of its splice.
+        reply: Reply<Result<Option<u64>, InputError>>,
     },
     /// Abort the active turn or maintenance task, and (unless `keep_inbox`) discard pending input.
     Cancel {

@@ -81,6 +81,15 @@ impl ApiError {
         )
     }
 
+    /// 503 `too_many_streams`: every event-stream slot is taken; retry after `Retry-After`.
+    pub fn too_many_streams(max: usize) -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_streams",
+            format!("{max} event streams are open, the most this server keeps; retry later"),
+        )
+    }
+
     /// 501 `not_implemented`.
     pub fn not_implemented(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_IMPLEMENTED, "not_implemented", message)
@@ -192,7 +201,8 @@ impl IntoResponse for ApiError {
             },
         };
         let mut response = (self.status, axum::Json(body)).into_response();
-        if self.status == StatusCode::TOO_MANY_REQUESTS {
+        // A full inbox or a full set of streams clears by itself: tell the client when to retry.
+        if self.status == StatusCode::TOO_MANY_REQUESTS || self.code == "too_many_streams" {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));

@@ -11,6 +11,11 @@
 //! drains. When the client falls so far behind that the buffer overflows, the stream ends with an
 //! `event: resume` whose data names the last seq sent; reconnecting with `Last-Event-ID` (what a
 //! browser's `EventSource` does on its own) replays the rest from the store.
+//!
+//! Open streams are bounded (`--max-streams`, default `DEFAULT_MAX_STREAMS`): past the bound a new
+//! stream gets 503 `too_many_streams` with `Retry-After`, so subscribers cannot grow the server's
+//! memory and tasks without bound either. A stream's slot frees when its producer task ends (the
+//! client went away, the stream ended, or the server drains).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -26,12 +31,16 @@ use dsh_actors::{AgentHandle, Observation, Observed, Subscription};
 use futures::Stream;
 use serde::Deserialize;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use super::error::ApiError;
 use super::state::AppState;
 
 /// Events buffered between the producer task and the response body.
 const CHANNEL_CAPACITY: usize = 64;
+
+/// Event streams open at once unless `--max-streams` says otherwise.
+pub const DEFAULT_MAX_STREAMS: usize = 1024;
 
 /// The name of the final event that tells a lagging client to reconnect.
 pub const RESUME_EVENT: &str = "resume";
@@ -57,7 +66,7 @@ struct Plan {
 }
 
 /// `GET /v1/sessions/{id}/events`.
-#[utoipa::path(get, path = "/v1/sessions/{id}/events", params(("id" = String, Path, description = "The session id"), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq"), EventsQuery), responses((status = 200, description = "One SSE event per durable event: `id:` seq, `event:` type, `data:` v0 JSON", content_type = "text/event-stream", body = String), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/sessions/{id}/events", params(("id" = String, Path, description = "The session id"), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq"), EventsQuery), responses((status = 200, description = "One SSE event per durable event: `id:` seq, `event:` type, `data:` v0 JSON", content_type = "text/event-stream", body = String), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 503, description = "Too many event streams open (`too_many_streams`); see Retry-After", body = crate::serve::error::ErrorBody)))]
 pub async fn events(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -81,6 +90,9 @@ pub async fn events(
             .map_or(0, |s| s.saturating_add(1)),
         follow: query.follow.unwrap_or(true),
     };
+    let slot = Arc::clone(&state.inner.streams)
+        .try_acquire_owned()
+        .map_err(|_| ApiError::too_many_streams(state.inner.settings.max_streams))?;
     let handle = state.agent(&id).await?;
     let subscription = plan.follow.then(|| handle.subscribe());
     let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
@@ -88,8 +100,9 @@ pub async fn events(
     let gauge = state.inner.metrics.sse_subscribers.clone();
     gauge.inc();
     let store = Arc::clone(state.store());
-    tokio::spawn(async move {
+    let producer = async move {
         let _open = OpenStream(gauge);
+        let _slot = slot;
         let next = match replay(&handle, plan.from, &tx).await {
             Some(next) => next,
             None => return,
@@ -101,7 +114,8 @@ pub async fn events(
                 () = tx.closed() => {}
             }
         }
-    });
+    };
+    tokio::spawn(producer.instrument(tracing::Span::current()));
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|event| (Ok(event), rx))
     });

@@ -3,16 +3,16 @@
 //!
 //! Idempotency: a message id that the log already shows spliced into the inbox is not sent again;
 //! the answer is 200 with the first answer (`message_id` and the seq of that `agent/inbox/spliced`
-//! event). The log is the record, so this holds across server restarts. The per-session input lock
-//! makes the check and the send one step.
+//! event). The log is the record, so this holds across server restarts; `AppliedIds` keeps an index
+//! of it so that a repeated id costs a map look-up, not a read of the log. The per-session input
+//! lock makes the check and the send one step.
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use dsh::MessageId;
 use dsh::llm::types::Message;
-use dsh::session::Event;
-use dsh::session::event::{CancelCause, EventData};
+use dsh::session::event::CancelCause;
 use dsh_actors::AgentHandle;
 use serde::{Deserialize, Serialize};
 
@@ -160,54 +160,47 @@ async fn send(
     let client_id = body.id.is_some() || body.message.is_some();
     let message = body.into_message()?;
     let handle = state.agent(&id).await?;
-    let lock = state.input_lock(handle.id());
-    let _guard = lock.lock().await;
+    let _guard = state.lock_input(handle.id()).await;
     let message_id = message.id.clone();
-    if client_id && let Some(seq) = spliced_seq(&handle, &message_id).await? {
-        return Ok((StatusCode::OK, Json(ack(&message_id, seq))));
+    let applied = &state.inner.applied;
+    if client_id {
+        let first = applied
+            .lookup(handle.id(), &message_id, || handle.log())
+            .await
+            .map_err(|e| ApiError::from_input(&e, "id"))?;
+        if let Some(seq) = first {
+            return Ok((StatusCode::OK, Json(ack(&message_id, seq))));
+        }
     }
-    let sent = match kind {
-        InputKind::Followup => handle.followup(message).await,
-        InputKind::Steer => handle.steer(message).await,
-        InputKind::Inject => handle.inject(message).await,
-    };
-    sent.map_err(|e| ApiError::from_input(&e, "message"))?;
-    let seq = spliced_seq(&handle, &message_id).await?.ok_or_else(|| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("message {message_id} was acknowledged but its splice is not in the log"),
-        )
-    })?;
+    let seq = send_input(&handle, kind, message).await?;
+    applied.applied(handle.id(), &message_id, seq);
     state
         .inner
         .metrics
         .input(kind.name(), Some(started.elapsed()));
-    tracing::debug!(session = %handle.id(), kind = kind.name(), seq, "input acknowledged");
+    tracing::debug!(kind = kind.name(), seq, "input acknowledged");
     Ok((StatusCode::ACCEPTED, Json(ack(&message_id, seq))))
+}
+
+/// Sends `message` as `kind`; returns the seq of the durable splice that queued it.
+async fn send_input(
+    handle: &AgentHandle,
+    kind: InputKind,
+    message: Message,
+) -> Result<u64, ApiError> {
+    let sent = match kind {
+        InputKind::Followup => handle.followup_receipt(message).await,
+        InputKind::Steer => handle.steer_receipt(message).await,
+        InputKind::Inject => handle.inject_receipt(message).await,
+    };
+    sent.map(|receipt| receipt.seq)
+        .map_err(|e| ApiError::from_input(&e, "message"))
 }
 
 fn ack(id: &MessageId, seq: u64) -> InputAck {
     InputAck {
         message_id: id.to_string(),
         seq,
-    }
-}
-
-/// The seq of the `agent/inbox/spliced` event that inserted message `id`, if the log has one.
-async fn spliced_seq(handle: &AgentHandle, id: &MessageId) -> Result<Option<u64>, ApiError> {
-    let log = handle
-        .log()
-        .await
-        .map_err(|e| ApiError::from_input(&e, "id"))?;
-    Ok(log.iter().rev().find(|e| inserts(e, id)).map(|e| e.seq))
-}
-
-/// Whether `event` is a splice that inserted message `id`.
-fn inserts(event: &Event, id: &MessageId) -> bool {
-    match &event.data {
-        EventData::InboxSpliced(s) => s.inserted.iter().any(|m| &m.id == id),
-        _ => false,
     }
 }
 
@@ -277,12 +270,14 @@ pub async fn replace(
     let message = body.into_message()?;
     let new_id = message.id.to_string();
     let handle = state.agent(&id).await?;
-    let lock = state.input_lock(handle.id());
-    let _guard = lock.lock().await;
+    let _guard = state.lock_input(handle.id()).await;
     let replaced = handle
         .replace(message_id.clone(), message)
         .await
         .map_err(|e| ApiError::from_input(&e, "message"))?;
+    // The replacement's splice seq is not known here: the session's applied-id index is rebuilt
+    // from the log when next needed.
+    state.inner.applied.forget(handle.id());
     if !replaced {
         return Err(not_pending(&message_id));
     }

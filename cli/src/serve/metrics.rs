@@ -2,9 +2,11 @@
 //! `prometheus-client`.
 //!
 //! Counters the server owns (inputs by kind, the input-ack latency histogram, open event streams)
-//! are updated as requests run. Figures owned by the runtime and the store (agents live and
-//! hibernated, turns ended, events appended, commit groups) are read when scraped: the host's and
-//! the store's counters are the record, and a scrape only brings the exported counters up to them.
+//! are updated as requests run. Turns by end reason, provider failures by code and the store's
+//! commit-latency histogram are kept by the store the host writes through (`MeteredStore`), from
+//! what became durable. Figures owned by the runtime and the store (agents live and hibernated,
+//! events appended, commit groups) are read when scraped: the host's and the store's counters are
+//! the record, and a scrape only brings the exported counters up to them.
 
 use std::sync::atomic::AtomicI64;
 use std::time::Duration;
@@ -36,6 +38,58 @@ pub struct StateLabel {
     pub state: &'static str,
 }
 
+/// The label of the turns counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// The `turn/end` reason's kind: `completed`, `max-tokens`, `blocked`, `aborted`, `error`,
+    /// `interrupted`.
+    pub reason: String,
+}
+
+/// The label of the provider failures counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    /// The failure's code (`RATE_LIMITED`, `AUTH`, ...), as the log records it.
+    pub code: String,
+}
+
+/// The figures the store the host writes through keeps (see `MeteredStore`). Cheap to clone: the
+/// clones count into the same figures.
+#[derive(Clone)]
+pub struct StoreFigures {
+    /// Durable `turn/end` events, by reason.
+    pub turns: Family<ReasonLabel, Counter>,
+    /// Provider failures the log records, by code.
+    pub provider_failures: Family<CodeLabel, Counter>,
+    /// Seconds from an append to its commit.
+    pub commit: Histogram,
+}
+
+impl StoreFigures {
+    /// Counts one durable `turn/end` with reason `reason`.
+    pub fn turn_end(&self, reason: &str) {
+        self.turns
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts one recorded provider failure with code `code`.
+    pub fn provider_failure(&self, code: &str) {
+        self.provider_failures
+            .get_or_create(&CodeLabel {
+                code: code.to_string(),
+            })
+            .inc();
+    }
+
+    /// Records one commit that took `elapsed`.
+    pub fn commit(&self, elapsed: Duration) {
+        self.commit.observe(elapsed.as_secs_f64());
+    }
+}
+
 /// Every exported figure.
 pub struct ServerMetrics {
     registry: Registry,
@@ -45,10 +99,13 @@ pub struct ServerMetrics {
     pub input_ack: Histogram,
     /// Event streams open now.
     pub sse_subscribers: Gauge<i64, AtomicI64>,
+    /// Figures the store the host writes through keeps.
+    pub store: StoreFigures,
     agents: Family<StateLabel, Gauge<i64, AtomicI64>>,
-    turns: Counter,
+    input_locks: Gauge<i64, AtomicI64>,
     events: Counter,
     store_commits: Counter,
+    store_appends: Counter,
     /// Serialises scrapes, which bring the read-through counters up to date.
     scrape: tokio::sync::Mutex<()>,
 }
@@ -82,8 +139,13 @@ impl ServerMetrics {
         );
         let agents = Family::<StateLabel, Gauge<i64, AtomicI64>>::default();
         registry.register("agents", "Agents hosted, by state", agents.clone());
-        let turns = Counter::default();
-        registry.register("turns", "Turns ended", turns.clone());
+        let store = store_figures(&mut registry);
+        let input_locks = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "input_locks",
+            "Sessions whose input lock is held or waited for now",
+            input_locks.clone(),
+        );
         let events = Counter::default();
         registry.register(
             "events_appended",
@@ -96,15 +158,23 @@ impl ServerMetrics {
             "Commit groups the store ran",
             store_commits.clone(),
         );
+        let store_appends = Counter::default();
+        registry.register(
+            "store_appends",
+            "Write requests (appends, repairs, deletes) in commit groups that committed",
+            store_appends.clone(),
+        );
         ServerMetrics {
             registry,
             inputs,
             input_ack,
             sse_subscribers,
+            store,
             agents,
-            turns,
+            input_locks,
             events,
             store_commits,
+            store_appends,
             scrape: tokio::sync::Mutex::new(()),
         }
     }
@@ -115,6 +185,32 @@ impl ServerMetrics {
         if let Some(elapsed) = elapsed {
             self.input_ack.observe(elapsed.as_secs_f64());
         }
+    }
+}
+
+/// Registers the figures the metered store keeps.
+fn store_figures(registry: &mut Registry) -> StoreFigures {
+    let turns = Family::<ReasonLabel, Counter>::default();
+    registry.register("turns", "Turns ended durably, by reason", turns.clone());
+    let provider_failures = Family::<CodeLabel, Counter>::default();
+    registry.register(
+        "provider_failures",
+        "Provider failures recorded in the logs (retried or final), by code",
+        provider_failures.clone(),
+    );
+    let buckets = [
+        0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0,
+    ];
+    let commit = Histogram::new(buckets);
+    registry.register(
+        "store_commit_seconds",
+        "Time from an append to its durable commit (group commit wait, transaction and fsync)",
+        commit.clone(),
+    );
+    StoreFigures {
+        turns,
+        provider_failures,
+        commit,
     }
 }
 
@@ -129,9 +225,10 @@ fn raise(counter: &Counter, value: u64) {
 /// Brings the read-through figures up to date.
 async fn refresh(state: &AppState, m: &ServerMetrics) {
     let host = state.host();
-    raise(&m.turns, host.metrics().turns());
     raise(&m.events, host.metrics().events());
-    raise(&m.store_commits, state.store().stats().n_groups);
+    let stats = state.store().stats();
+    raise(&m.store_commits, stats.n_groups);
+    raise(&m.store_appends, stats.n_requests_committed);
     let (mut live, mut hibernated) = (0i64, 0i64);
     for id in host.list() {
         let Some(handle) = host.get(&id) else {
@@ -143,6 +240,8 @@ async fn refresh(state: &AppState, m: &ServerMetrics) {
             Err(_) => {}
         }
     }
+    m.input_locks
+        .set(i64::try_from(state.n_input_locks()).unwrap_or(i64::MAX));
     m.agents
         .get_or_create(&StateLabel { state: "live" })
         .set(live);

@@ -10,17 +10,21 @@
 //! then the host stops (turns still running end `aborted`), event streams end, the store closes
 //! and the process exits 0.
 
+pub mod applied;
 pub mod auth;
 pub mod body;
 pub mod error;
 pub mod events;
 pub mod input;
+pub mod metered;
 pub mod metrics;
 pub mod openapi;
 pub mod page;
 pub mod router;
 pub mod sessions;
 pub mod state;
+#[cfg(test)]
+mod tests;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -40,6 +44,8 @@ use dsh_actors::Host;
 use crate::live::build_provider;
 use crate::tools::{ShellConfig, builtin};
 use crate::{CliError, Config};
+use metered::MeteredStore;
+use metrics::ServerMetrics;
 use state::{AgentDefaults, AppState, ServerSettings};
 
 /// The default listen address.
@@ -64,6 +70,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MS", default_value_t = 15_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub keep_alive_ms: u64,
+    /// The most event streams open at once; past it a new one gets 503 with `Retry-After`.
+    #[arg(long, value_name = "N", default_value_t = events::DEFAULT_MAX_STREAMS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_streams: usize,
     /// Allow the model to run shell commands (off by default).
     #[arg(long)]
     pub shell: bool,
@@ -144,7 +154,9 @@ pub async fn run(args: ServeArgs, config: Config) -> Result<ExitCode, CliError> 
             CliError::Failed(format!("cannot open the store in {}: {e}", dir.display()))
         })?,
     );
-    let host = Host::builder(Arc::clone(&store) as Arc<dyn SessionStore>)
+    let metrics = Arc::new(ServerMetrics::new());
+    let metered = MeteredStore::new(Arc::clone(&store), metrics.store.clone());
+    let host = Host::builder(Arc::new(metered) as Arc<dyn SessionStore>)
         .providers(providers)
         .tools(tools)
         .hooks(hooks)
@@ -154,8 +166,9 @@ pub async fn run(args: ServeArgs, config: Config) -> Result<ExitCode, CliError> 
     let settings = ServerSettings {
         keep_alive: Duration::from_millis(args.keep_alive_ms),
         drain_timeout: Duration::from_secs(args.drain_timeout),
+        max_streams: args.max_streams,
     };
-    let state = AppState::new(host, Arc::clone(&store), defaults, token, settings);
+    let state = AppState::new(host, Arc::clone(&store), defaults, token, settings, metrics);
     let served = serve(state, addr).await;
     mcp.shutdown().await;
     let closed = store

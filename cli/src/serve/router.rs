@@ -1,8 +1,9 @@
 //! The route table of `dsh serve` (SPEC §13), its body limits, and the per-request tracing span.
 //!
 //! `/v1` routes sit behind the bearer-token check; `/healthz`, `/readyz` and `/metrics` do not, so
-//! a load balancer or scraper needs no token. Every request gets a span with a request id, and
-//! handlers add the session id to their own events.
+//! a load balancer or scraper needs no token. Every request runs inside a span with its request id,
+//! method, path and, for a session's routes, the session id, so every event its handler (and an
+//! event stream's producer task) logs names the session.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -64,10 +65,27 @@ pub fn router(state: AppState) -> Router {
 /// Numbers requests for their spans.
 static REQUEST_IDS: AtomicU64 = AtomicU64::new(1);
 
-/// Middleware: runs the request inside a span with its id, method and path.
+/// The session id a `/v1/sessions/{id}…` path names (`import` is a route, not a session).
+pub fn path_session(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("/v1/sessions/")?;
+    let id = rest.split('/').next()?;
+    (!id.is_empty() && id != "import").then_some(id)
+}
+
+/// Middleware: runs the request inside a span with its id, method, path and session id.
 async fn request_span(req: Request, next: Next) -> Response {
     let id = REQUEST_IDS.fetch_add(1, Ordering::Relaxed);
-    let span = tracing::info_span!("request", id, method = %req.method(), path = %req.uri().path());
+    let path = req.uri().path();
+    let span = tracing::info_span!(
+        "request",
+        id,
+        method = %req.method(),
+        path = %path,
+        session = tracing::field::Empty,
+    );
+    if let Some(session) = path_session(path) {
+        span.record("session", tracing::field::display(session));
+    }
     async move {
         let response = next.run(req).await;
         tracing::debug!(status = response.status().as_u16(), "answered");

@@ -2,9 +2,12 @@
 //! token, the drain flag — and how a request reaches an agent by id.
 //!
 //! An agent that is stored but not live (after a server restart) is resumed on first use with the
-//! server's defaults; an id that is neither is 404. Inputs to one session are serialised by a
-//! per-session lock so that the idempotency check (has this message id been spliced already?) and
-//! the send are one step: two concurrent requests with the same id never both apply.
+//! spec its log records (the last `request/header`'s model, system prompt and output cap, the
+//! header's working directory), falling back to the server's defaults for what the log does not
+//! say; an id that is neither is 404. Inputs to one session are serialised by a per-session lock so
+//! that the idempotency check (has this message id been spliced already?) and the send are one
+//! step: two concurrent requests with the same id never both apply. A lock lives only while some
+//! request holds or waits for it, so the map of locks is as large as the inputs in flight.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,12 +15,14 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use dsh::SessionId;
-use dsh::session::store::SessionStore;
+use dsh::session::log::fold_request_header;
 use dsh::session::store::sqlite::SqliteStore;
+use dsh::session::store::{Inspection, SessionStore};
 use dsh::turn::AgentConfig;
 use dsh_actors::{AgentHandle, AgentSpec, Host, HostError};
 use tokio_util::sync::CancellationToken;
 
+use super::applied::AppliedIds;
 use super::auth::Token;
 use super::error::ApiError;
 use super::metrics::ServerMetrics;
@@ -47,6 +52,24 @@ impl AgentDefaults {
         spec.cwd = self.cwd.clone();
         spec
     }
+
+    /// The spec that resumes the stored session `stored`: what its log records, else these
+    /// defaults. A session recorded with another provider than the server's keeps its system prompt
+    /// and output cap but runs the server's provider and model (the only one registered).
+    pub fn resumed_spec(&self, stored: &Inspection) -> AgentSpec {
+        let mut spec = self.spec();
+        if let Some(header) = fold_request_header(&stored.events, None) {
+            if header.config.provider == self.provider && !header.config.model.is_empty() {
+                spec.config.model = header.config.model;
+            }
+            spec.config.max_tokens = header.config.max_tokens.or(self.max_tokens);
+            spec.config.system = header.system;
+        }
+        if stored.header.cwd.is_some() {
+            spec.cwd = stored.header.cwd.clone();
+        }
+        spec
+    }
 }
 
 /// Settings of the server itself (not of its agents).
@@ -56,6 +79,8 @@ pub struct ServerSettings {
     pub keep_alive: Duration,
     /// How long running turns may finish after SIGTERM/SIGINT before they are cancelled.
     pub drain_timeout: Duration,
+    /// The most event streams open at once; past it a new one gets 503 `too_many_streams`.
+    pub max_streams: usize,
 }
 
 /// The state every handler shares. Cheap to clone.
@@ -81,21 +106,28 @@ pub struct Shared {
     pub draining: AtomicBool,
     /// Cancelled when event streams must end (the host has stopped).
     pub streams_end: CancellationToken,
+    /// One permit per event stream that may open (`ServerSettings::max_streams`).
+    pub streams: Arc<tokio::sync::Semaphore>,
     /// The figures `/metrics` exports.
-    pub metrics: ServerMetrics,
+    pub metrics: Arc<ServerMetrics>,
+    /// Message ids each session's inbox took, for answering a repeated client-chosen id.
+    pub applied: AppliedIds,
     /// One lock per session, held across an input's idempotency check and its send.
     input_locks: DashMap<SessionId, Arc<tokio::sync::Mutex<()>>>,
 }
 
 impl AppState {
-    /// The state over a started host.
+    /// The state over a started host; `metrics` is shared with the store the host writes through
+    /// (see `MeteredStore`).
     pub fn new(
         host: Host,
         store: Arc<SqliteStore>,
         defaults: AgentDefaults,
         token: Option<Token>,
         settings: ServerSettings,
+        metrics: Arc<ServerMetrics>,
     ) -> AppState {
+        let streams = Arc::new(tokio::sync::Semaphore::new(settings.max_streams));
         AppState {
             inner: Arc::new(Shared {
                 host,
@@ -105,7 +137,9 @@ impl AppState {
                 settings,
                 draining: AtomicBool::new(false),
                 streams_end: CancellationToken::new(),
-                metrics: ServerMetrics::new(),
+                streams,
+                metrics,
+                applied: AppliedIds::default(),
                 input_locks: DashMap::new(),
             }),
         }
@@ -138,18 +172,28 @@ impl AppState {
         }
     }
 
-    /// The lock that serialises inputs to `id`.
-    pub fn input_lock(&self, id: &SessionId) -> Arc<tokio::sync::Mutex<()>> {
-        Arc::clone(
+    /// Takes the lock that serialises inputs to `id`, waiting for it; released when the guard drops.
+    pub async fn lock_input(&self, id: &SessionId) -> InputGuard {
+        let lock = Arc::clone(
             self.inner
                 .input_locks
                 .entry(id.clone())
                 .or_default()
                 .value(),
-        )
+        );
+        InputGuard {
+            guard: Some(lock.lock_owned().await),
+            state: self.clone(),
+            id: id.clone(),
+        }
     }
 
-    /// The agent `id`: live, or resumed from the store with the server's defaults.
+    /// Sessions with an input lock now (held or waited for).
+    pub fn n_input_locks(&self) -> usize {
+        self.inner.input_locks.len()
+    }
+
+    /// The agent `id`: live, or resumed from the store with the spec its log records.
     ///
     /// # Errors
     /// 400 for an invalid id, 404 when no such session is live or stored, else the host's failure.
@@ -158,16 +202,38 @@ impl AppState {
         if let Some(handle) = self.host().get(&id) {
             return Ok(handle);
         }
-        match self.store().header(&id).await {
-            Ok(Some(_)) => {}
-            Ok(None) => return Err(ApiError::session_not_found(id.as_str())),
-            Err(e) => return Err(ApiError::from_store(&e)),
-        }
-        match self.host().resume(&id, self.inner.defaults.spec()).await {
+        let stored = self
+            .store()
+            .inspect(&id)
+            .await
+            .map_err(|e| ApiError::from_store(&e))?;
+        let spec = self.inner.defaults.resumed_spec(&stored);
+        match self.host().resume(&id, spec).await {
             Ok(handle) => Ok(handle),
             Err(HostError::NotFound { .. }) => Err(ApiError::session_not_found(id.as_str())),
             Err(e) => Err(ApiError::from_host(&e)),
         }
+    }
+}
+
+/// The input lock of one session, held. Dropping it releases the lock and, when no other request
+/// holds or waits for it, removes it from the map.
+pub struct InputGuard {
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    state: AppState,
+    id: SessionId,
+}
+
+impl Drop for InputGuard {
+    fn drop(&mut self) {
+        // Release our reference first: the entry may go only when the map's is the last one. A
+        // request that wants the lock clones it under the map's shard lock, which `remove_if`
+        // holds while it checks, so an entry someone waits for is never removed.
+        drop(self.guard.take());
+        self.state
+            .inner
+            .input_locks
+            .remove_if(&self.id, |_, lock| Arc::strong_count(lock) == 1);
     }
 }
 
