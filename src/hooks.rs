@@ -125,6 +125,10 @@ pub struct RequestErrorCtx {
     pub retries: Vec<LlmRetry>,
     /// A uniform random number in [0, 1] for jitter, drawn by the runtime (so the policy stays pure).
     pub random: f64,
+    /// The id a retry takes when it starts a new chain, minted by the runtime (a UUID v4, see
+    /// `dsh::ids::mint_retry_id`) so the policy mints none. A retry that continues a chain keeps the
+    /// chain's id and ignores this one.
+    pub new_retry_id: String,
 }
 
 /// A retry the runtime records and waits for: `llm/retry`, a cancellable wait of `delay_ms`, then

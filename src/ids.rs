@@ -1,4 +1,5 @@
-//! Validated identifiers: `SessionId`, `MessageId`.
+//! Validated identifiers: `SessionId`, `MessageId`; and `mint_retry_id`, the runtime's source of
+//! retry-chain ids.
 //!
 //! A `SessionId` names an agent and its log everywhere (store rows, CLI arguments, the registry). It is
 //! checked once, when it enters from outside, and the type records that the check happened: only ASCII
@@ -199,6 +200,12 @@ impl MessageIds {
     }
 }
 
+/// A fresh retry-chain id (a UUID v4, as the original mints them). The runtime draws one for every
+/// `request_error` context (`RequestErrorCtx::new_retry_id`), so the retry policy mints none.
+pub fn mint_retry_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
 impl fmt::Debug for MessageIds {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("MessageIds")
@@ -265,5 +272,18 @@ mod tests {
         assert!(MessageId::new("with space/and:colon").is_ok());
         assert!(MessageId::new("a\nb").is_err());
         assert!(MessageId::new("").is_err());
+    }
+
+    #[test]
+    fn retry_ids_are_fresh_uuid_v4s() {
+        let (a, b) = (mint_retry_id(), mint_retry_id());
+        assert_ne!(a, b);
+        for id in [&a, &b] {
+            assert_eq!(
+                uuid::Uuid::parse_str(id).map(|u| u.get_version_num()),
+                Ok(4),
+                "{id}"
+            );
+        }
     }
 }

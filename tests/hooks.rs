@@ -258,29 +258,6 @@ fn lines(want: &[&str]) -> Vec<String> {
     want.iter().map(|s| (*s).to_string()).collect()
 }
 
-const TEXT_TURN: [&str; 6] = [
-    "turn/start",
-    "step/start",
-    "user/message",
-    "assistant/message",
-    "step/end",
-    "turn/end",
-];
-
-const TOOL_TURN: [&str; 11] = [
-    "turn/start",
-    "step/start",
-    "user/message",
-    "assistant/message",
-    "tool/call",
-    "tool/result",
-    "step/end",
-    "step/start",
-    "assistant/message",
-    "step/end",
-    "turn/end",
-];
-
 // --- pre_step ---------------------------------------------------------------------------------------
 
 fn pre_step(name: &'static str, trace: &Trace, act: Act<Option<&'static str>>) -> Arc<PreStep> {

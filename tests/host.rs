@@ -120,6 +120,13 @@ async fn an_embedders_agent_retries_a_rate_limit_by_default() {
         })
         .collect();
     assert_eq!(started, [(1, retry.retry_id.as_str())]);
+    // The runtime supplies the new chain's id: a UUID v4, as the original mints them.
+    assert_eq!(
+        uuid::Uuid::parse_str(&retry.retry_id).map(|u| u.get_version_num()),
+        Ok(4),
+        "{}",
+        retry.retry_id
+    );
     assert_eq!(turn_end(&log), &TurnEndReason::Completed);
 }
 

@@ -24,7 +24,7 @@ use dsh::turn::{LiveEvent, Status};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
-use crate::live::{self, AgentOptions, LiveAgent};
+use crate::live::{self, LiveAgent};
 use crate::render::{self, Style};
 use crate::text::visible;
 use crate::{ChatArgs, CliError, Config};
@@ -174,17 +174,9 @@ enum Next {
 /// # Errors
 /// A `CliError` when the agent cannot start, refuses input for good, or fails.
 pub async fn run(args: ChatArgs, config: Config) -> Result<ExitCode, CliError> {
-    let opts = AgentOptions {
-        session: args.session.clone(),
-        script: args.script.clone(),
-        shell: args.shell,
-        max_tokens: args.max_tokens,
-        system: args.system.clone(),
-        retry_timeout_ms: args.retry_timeout_ms,
-    };
     let mut sigint = signal(SignalKind::interrupt())
         .map_err(|e| CliError::Failed(format!("cannot handle SIGINT: {e}")))?;
-    let agent = live::start(&config, &opts).await?;
+    let agent = live::start(&config, &args.agent).await?;
     if agent.minted {
         eprintln!("session: {}", agent.id());
     } else if let Ok(status) = agent.handle.status().await
@@ -263,17 +255,22 @@ async fn converse(
             },
             _ = sigint.recv() => {
                 if turn.working {
-                    agent
-                        .handle
-                        .cancel(CancelCause::User, false)
-                        .await
-                        .map_err(|e| CliError::Failed(e.to_string()))?;
+                    cancel_turn(agent).await?;
                 } else {
                     return Ok(());
                 }
             }
         }
     }
+}
+
+/// Cancels the running turn for the user (Ctrl-C or `/cancel` while it works).
+async fn cancel_turn(agent: &LiveAgent) -> Result<(), CliError> {
+    agent
+        .handle
+        .cancel(CancelCause::User, false)
+        .await
+        .map_err(|e| CliError::Failed(e.to_string()))
 }
 
 /// Shows what the subscription delivered and tracks the turn's progress. Returns whether the work
@@ -386,11 +383,7 @@ async fn on_line(
         "/help" => screen.note(HELP),
         "/cancel" => {
             if working {
-                agent
-                    .handle
-                    .cancel(CancelCause::User, false)
-                    .await
-                    .map_err(|e| CliError::Failed(e.to_string()))?;
+                cancel_turn(agent).await?;
             } else {
                 screen.note("[nothing is running]");
             }

@@ -153,9 +153,10 @@ pub struct SimArgs {
     pub ramp_ms: u64,
 }
 
-/// Flags of `dsh chat`.
-#[derive(Debug, Clone, Args)]
-pub struct ChatArgs {
+/// The flags of the one agent `dsh chat` and `dsh run` drive: which session, which provider and
+/// tools, and what each request asks for, over the configuration's.
+#[derive(Debug, Clone, Default, Args)]
+pub struct AgentArgs {
     /// Continue this session, or create it under this id.
     #[arg(long, value_name = "ID")]
     pub session: Option<String>,
@@ -177,30 +178,22 @@ pub struct ChatArgs {
     pub retry_timeout_ms: Option<u64>,
 }
 
+/// Flags of `dsh chat`.
+#[derive(Debug, Clone, Args)]
+pub struct ChatArgs {
+    /// The agent's flags.
+    #[command(flatten)]
+    pub agent: AgentArgs,
+}
+
 /// The prompt and flags of `dsh run`.
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// The prompt.
     pub prompt: String,
-    /// Continue this session, or create it under this id.
-    #[arg(long, value_name = "ID")]
-    pub session: Option<String>,
-    /// Allow the model to run shell commands (off by default).
-    #[arg(long)]
-    pub shell: bool,
-    /// Replay this file (a JSON array of scenario `model` entries) with the script provider.
-    #[arg(long, value_name = "FILE")]
-    pub script: Option<PathBuf>,
-    /// Output cap per model request, in tokens.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_tokens: Option<u64>,
-    /// The system prompt.
-    #[arg(long, value_name = "TEXT")]
-    pub system: Option<String>,
-    /// Give up retrying a failed model request once its retries have taken this long (default
-    /// 600000, or `retry_timeout_ms` in dsh.toml).
-    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
-    pub retry_timeout_ms: Option<u64>,
+    /// The agent's flags.
+    #[command(flatten)]
+    pub agent: AgentArgs,
 }
 
 /// Flags of `dsh sessions`.

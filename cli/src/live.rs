@@ -7,7 +7,7 @@
 //! writes nothing. The key is never printed: the provider's `Debug` redacts it and no error here
 //! includes it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use dsh::SessionId;
@@ -24,30 +24,13 @@ use dsh::turn::AgentConfig;
 use crate::retries::AnnouncedRetries;
 use crate::secret::StartupKey;
 use crate::tools::{ShellConfig, builtin};
-use crate::{CliError, Config};
+use crate::{AgentArgs, CliError, Config};
 use dsh_actors::AgentHandle;
 use dsh_actors::{AgentSpec, Host};
 use dsh_mcp::{McpServers, ServerState};
 
 /// The largest script file read (a script is test data, never this large in practice).
 const SCRIPT_BYTES_MAX: u64 = 64 << 20;
-
-/// What `chat` and `run` ask for beyond the resolved configuration.
-#[derive(Clone, Debug, Default)]
-pub struct AgentOptions {
-    /// `--session`: continue (or create) this session.
-    pub session: Option<String>,
-    /// `--script`: replay this file with the script provider.
-    pub script: Option<PathBuf>,
-    /// `--shell`: give the model the shell tool (or `shell = true` in the configuration).
-    pub shell: bool,
-    /// `--max-tokens`, over the configuration's.
-    pub max_tokens: Option<u64>,
-    /// `--system`, over the configuration's.
-    pub system: Option<String>,
-    /// `--retry-timeout-ms`, over the configuration's.
-    pub retry_timeout_ms: Option<u64>,
-}
 
 /// A running host with the one agent the command drives.
 pub struct LiveAgent {
@@ -187,7 +170,7 @@ fn read_script(path: &Path) -> Result<Vec<ScriptEntry>, CliError> {
 /// # Errors
 /// A one-line `CliError` for a bad id, script, provider setting or working directory (nothing
 /// written), or for a store or agent that cannot start.
-pub async fn start(config: &Config, opts: &AgentOptions) -> Result<LiveAgent, CliError> {
+pub async fn start(config: &Config, opts: &AgentArgs) -> Result<LiveAgent, CliError> {
     let id = match &opts.session {
         Some(s) => Some(SessionId::new(s).map_err(|e| CliError::Usage(format!("--session: {e}")))?),
         None => None,

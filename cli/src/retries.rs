@@ -134,6 +134,7 @@ mod tests {
             retry_policy: Some(RetryPolicy::default()),
             retries,
             random: 0.5,
+            new_retry_id: "r".into(),
         }
     }
 

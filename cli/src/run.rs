@@ -15,7 +15,7 @@ use dsh::llm::types::Message;
 use dsh::session::event::{CancelCause, Event, EventData, TurnEndReason};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::live::{self, AgentOptions, LiveAgent};
+use crate::live::{self, LiveAgent};
 use crate::render::turn_end_note;
 use crate::text::echo;
 use crate::{CliError, Config, RunArgs};
@@ -72,20 +72,12 @@ pub async fn run(args: RunArgs, config: Config) -> Result<ExitCode, CliError> {
     if args.prompt.trim().is_empty() {
         return Err(CliError::Usage("the prompt is empty".into()));
     }
-    let opts = AgentOptions {
-        session: args.session.clone(),
-        script: args.script.clone(),
-        shell: args.shell,
-        max_tokens: args.max_tokens,
-        system: args.system.clone(),
-        retry_timeout_ms: args.retry_timeout_ms,
-    };
     // Install the handlers first, so a signal during start-up cannot kill the process mid-write.
     let mut sigint = signal(SignalKind::interrupt())
         .map_err(|e| CliError::Failed(format!("cannot handle SIGINT: {e}")))?;
     let mut sigterm = signal(SignalKind::terminate())
         .map_err(|e| CliError::Failed(format!("cannot handle SIGTERM: {e}")))?;
-    let agent = live::start(&config, &opts).await?;
+    let agent = live::start(&config, &args.agent).await?;
     if agent.minted {
         eprintln!("session: {}", agent.id());
     }

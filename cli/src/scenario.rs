@@ -357,21 +357,17 @@ impl World {
 
     /// The seq of the `count`-th durable event of `kind`, if the store holds that many.
     async fn nth_durable_seq(&self, kind: &str, count: usize) -> Result<Option<u64>, String> {
-        let inspection = self
-            .store
-            .inspect(self.agent.id())
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(inspection
-            .events
-            .iter()
-            .filter(|e| e.kind() == kind)
-            .nth(count.saturating_sub(1))
-            .map(|e| e.seq))
+        let seqs = self.durable_seqs(kind).await?;
+        Ok(seqs.get(count.saturating_sub(1)).copied())
     }
 
     /// How many durable events of `kind` the store holds (read without repairing anything).
     async fn count_durable(&self, kind: &str) -> Result<usize, String> {
+        Ok(self.durable_seqs(kind).await?.len())
+    }
+
+    /// The seqs of the durable events of `kind`, in log order (read without repairing anything).
+    async fn durable_seqs(&self, kind: &str) -> Result<Vec<u64>, String> {
         let inspection = self
             .store
             .inspect(self.agent.id())
@@ -381,7 +377,8 @@ impl World {
             .events
             .iter()
             .filter(|e| e.kind() == kind)
-            .count())
+            .map(|e| e.seq)
+            .collect())
     }
 
     /// What a timed-out action was still waiting for.

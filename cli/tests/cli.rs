@@ -6,58 +6,20 @@
 //! The binary is this package's own (`CARGO_BIN_EXE_dsh`, or `DSH_BIN` when set). Waits are for
 //! output or files, never for time; rexpect's timeout only turns a hang into a failure.
 
+mod sandbox;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::process::{Command, Stdio};
 
+use sandbox::{Run, Sandbox};
 use serde_json::Value;
 
 /// Bounds a pty read: a hang fails the test instead of blocking it forever.
 const PTY_TIMEOUT_MS: u64 = 60_000;
 
-/// The `dsh` binary: cargo builds it for this package's integration tests (or `DSH_BIN` names one).
-fn dsh_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| match std::env::var_os("DSH_BIN") {
-        Some(bin) => PathBuf::from(bin),
-        None => PathBuf::from(env!("CARGO_BIN_EXE_dsh")),
-    })
-}
-
-/// A working directory for one test, with the default data directory `./.dsh` inside it.
-struct Sandbox {
-    dir: tempfile::TempDir,
-}
-
-/// Environment variables that would leak the developer's setup into a test.
-const SCRUBBED_VARS: [&str; 9] = [
-    "DSH_LOG",
-    "DSH_DATA_DIR",
-    "DSH_PROVIDER",
-    "DSH_BASE_URL",
-    "DSH_MODEL",
-    "DSH_CONFIG",
-    "DEEPSEEK_API_KEY",
-    "OPENAI_API_KEY",
-    "DEEPSEEK_BASE_URL",
-];
-
 impl Sandbox {
-    fn new() -> Sandbox {
-        Sandbox {
-            dir: tempfile::tempdir().expect("tempdir"),
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn data_dir(&self) -> PathBuf {
-        self.path().join(".dsh")
-    }
-
+    /// Writes `text` to the file `name` in the working directory.
     fn write(&self, name: &str, text: &str) -> PathBuf {
         let p = self.path().join(name);
         std::fs::write(&p, text).expect("write a test file");
@@ -67,22 +29,6 @@ impl Sandbox {
     /// A script file of model entries.
     fn script(&self, name: &str, entries: Value) -> PathBuf {
         self.write(name, &entries.to_string())
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(dsh_bin());
-        cmd.args(args)
-            .current_dir(self.path())
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null());
-        for var in SCRUBBED_VARS {
-            cmd.env_remove(var);
-        }
-        cmd
-    }
-
-    fn run(&self, args: &[&str]) -> Run {
-        Run::from(self.command(args).output().expect("dsh runs"))
     }
 
     /// Every file under the data directory with its bytes (empty when there is none).
@@ -115,24 +61,6 @@ fn snapshot_into(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) 
         } else {
             let rel = p.strip_prefix(root).unwrap_or(&p).to_path_buf();
             out.insert(rel, std::fs::read(&p).unwrap_or_default());
-        }
-    }
-}
-
-/// What a finished `dsh` process left.
-#[derive(Debug)]
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl From<Output> for Run {
-    fn from(o: Output) -> Run {
-        Run {
-            code: o.status.code(),
-            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
         }
     }
 }
@@ -1023,8 +951,12 @@ fn export_then_import_round_trips_byte_for_byte() {
 // ---------------------------------------------------------------------------------------------
 // dsh chat, in a pseudo-terminal
 
-fn spawn_chat(sb: &Sandbox, args: &[&str]) -> rexpect::session::PtySession {
-    let mut cmd = sb.command(&[&["chat"], args].concat());
+/// `dsh chat --session SESSION` in a pseudo-terminal, replaying `entries` (written to `s.json`)
+/// with the script provider.
+fn spawn_chat(sb: &Sandbox, session: &str, entries: Value) -> rexpect::session::PtySession {
+    let script = sb.script("s.json", entries);
+    let script = script.to_str().expect("utf-8");
+    let mut cmd = sb.command(&["chat", "--session", session, "--script", script]);
     cmd.stdin(Stdio::inherit());
     rexpect::session::spawn_command(cmd, Some(PTY_TIMEOUT_MS)).expect("dsh chat starts in a pty")
 }
@@ -1044,21 +976,13 @@ fn quit(mut chat: rexpect::session::PtySession) {
 #[test]
 fn chat_streams_and_a_typed_line_steers_the_running_turn() {
     let sb = Sandbox::new();
-    let script = sb.script(
-        "s.json",
+    let mut chat = spawn_chat(
+        &sb,
+        "c1",
         serde_json::json!([
             {"text": "Hello there", "gate": "g1", "gate_after_chunks": 3},
             {"text": "Got it"}
         ]),
-    );
-    let mut chat = spawn_chat(
-        &sb,
-        &[
-            "--session",
-            "c1",
-            "--script",
-            script.to_str().expect("utf-8"),
-        ],
     );
     chat.exp_string("> ").expect("prompt");
     chat.send_line("hi").expect("send");
@@ -1092,21 +1016,13 @@ fn chat_streams_and_a_typed_line_steers_the_running_turn() {
 #[test]
 fn chat_queue_becomes_its_own_turn() {
     let sb = Sandbox::new();
-    let script = sb.script(
-        "s.json",
+    let mut chat = spawn_chat(
+        &sb,
+        "q",
         serde_json::json!([
             {"text": "first answer", "gate": "g", "gate_after_chunks": 3},
             {"text": "second answer"}
         ]),
-    );
-    let mut chat = spawn_chat(
-        &sb,
-        &[
-            "--session",
-            "q",
-            "--script",
-            script.to_str().expect("utf-8"),
-        ],
     );
     chat.exp_string("> ").expect("prompt");
     chat.send_line("one").expect("send");
@@ -1131,18 +1047,10 @@ fn chat_queue_becomes_its_own_turn() {
 #[test]
 fn chat_ctrl_c_aborts_the_turn_then_exits_at_the_prompt() {
     let sb = Sandbox::new();
-    let script = sb.script(
-        "s.json",
-        serde_json::json!([{"hang": "working on it"}, {"text": "fresh start"}]),
-    );
     let mut chat = spawn_chat(
         &sb,
-        &[
-            "--session",
-            "cc",
-            "--script",
-            script.to_str().expect("utf-8"),
-        ],
+        "cc",
+        serde_json::json!([{"hang": "working on it"}, {"text": "fresh start"}]),
     );
     chat.exp_string("> ").expect("prompt");
     chat.send_line("go").expect("send");
@@ -1206,18 +1114,10 @@ fn chat_from_a_pipe_answers_then_exits_at_end_of_input() {
 #[test]
 fn reading_commands_work_while_a_chat_holds_the_store() {
     let sb = Sandbox::new();
-    let script = sb.script(
-        "s.json",
-        serde_json::json!([{"text": "Held answer", "gate": "g1", "gate_after_chunks": 2}]),
-    );
     let mut chat = spawn_chat(
         &sb,
-        &[
-            "--session",
-            "held",
-            "--script",
-            script.to_str().expect("utf-8"),
-        ],
+        "held",
+        serde_json::json!([{"text": "Held answer", "gate": "g1", "gate_after_chunks": 2}]),
     );
     chat.exp_string("> ").expect("prompt");
     chat.send_line("hello while held").expect("send");
@@ -1228,6 +1128,8 @@ fn reading_commands_work_while_a_chat_holds_the_store() {
     let r = sb.run(&["show", "held"]);
     assert_eq!(r.code, Some(0), "{r:#?}");
     assert!(r.stdout.contains("hello while held"), "{}", r.stdout);
+    // The chat's script file serves as the import: whatever it holds, writing needs the lock.
+    let script = sb.path().join("s.json");
     let r = sb.run(&["import", script.to_str().expect("utf-8")]);
     assert_ne!(r.code, Some(0), "writing still needs the lock: {r:#?}");
     chat.send_line("/open g1").expect("send");

@@ -9,6 +9,8 @@
 //!   session and deletes nothing, `sessions` lists the readable sessions, names the damaged one on
 //!   stderr and exits 1.
 
+mod sandbox;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -17,59 +19,13 @@ use dsh::SessionId;
 use dsh::session::event::SessionHeader;
 use dsh::session::store::sqlite::{DB_FILE_NAME, SqliteConfig, SqliteStore};
 use dsh::session::store::{EncodedEvent, SessionStore};
+use sandbox::{Run, Sandbox, dsh_bin, scrub};
 use serde_json::Value;
 
 /// A string that occurs nowhere in a store but in the prompt that carries it.
 const MARKER: &str = "ZQXJMARKZQXJ";
 
-/// A working directory with the default data directory `./.dsh` inside it.
-struct Sandbox {
-    dir: tempfile::TempDir,
-}
-
-/// What a finished `dsh` process left.
-#[derive(Debug)]
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
 impl Sandbox {
-    fn new() -> Sandbox {
-        Sandbox {
-            dir: tempfile::tempdir().expect("tempdir"),
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn data_dir(&self) -> PathBuf {
-        self.path().join(".dsh")
-    }
-
-    /// Runs `dsh` with `args`, with no environment of the developer's leaking in.
-    fn run(&self, args: &[&str]) -> Run {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dsh"));
-        cmd.args(args)
-            .current_dir(self.path())
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null());
-        for (var, _) in std::env::vars_os() {
-            if var.to_string_lossy().starts_with("DSH_") || var == "OPENAI_API_KEY" {
-                cmd.env_remove(var);
-            }
-        }
-        let out = cmd.output().expect("dsh runs");
-        Run {
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
-    }
-
     /// `dsh ARGS` as a user who can only read the data directory: the directories are made 0555 and
     /// the files 0444, and when the tests run as root (whom permission bits do not bind) `dsh` runs
     /// as `nobody` through `setpriv`. The permissions are restored before this returns.
@@ -91,21 +47,17 @@ impl Sandbox {
         let mut cmd = if rustix::process::geteuid().is_root() {
             let mut cmd = Command::new("setpriv");
             cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-                .arg(env!("CARGO_BIN_EXE_dsh"));
+                .arg(dsh_bin());
             cmd
         } else {
-            Command::new(env!("CARGO_BIN_EXE_dsh"))
+            Command::new(dsh_bin())
         };
         cmd.args(args)
             .current_dir(self.path())
             .env("NO_COLOR", "1")
             .env("HOME", self.path())
             .stdin(Stdio::null());
-        for (var, _) in std::env::vars_os() {
-            if var.to_string_lossy().starts_with("DSH_") || var == "OPENAI_API_KEY" {
-                cmd.env_remove(var);
-            }
-        }
+        scrub(&mut cmd);
         let out = cmd
             .output()
             .expect("dsh runs (as nobody through setpriv, when root)");
@@ -114,11 +66,7 @@ impl Sandbox {
         for f in &files {
             set(f, 0o600);
         }
-        Run {
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        Run::from(out)
     }
 
     /// `dsh run --session ID PROMPT` against a model that answers `answer`.

@@ -15,8 +15,8 @@
 //! the delay numbers are written into the log, so they are formatted exactly as the original
 //! (JavaScript) writes them.
 //!
-//! Nothing here reads a clock or draws random numbers: the caller passes the uniform `random` used for
-//! jitter. Only `RetryHook` mints a retry id (a UUID v4) for a new chain.
+//! Nothing here reads a clock, draws random numbers or mints ids: the runtime passes, in the
+//! `RequestErrorCtx`, the uniform `random` used for jitter and the id a new chain takes.
 
 use async_trait::async_trait;
 use serde_json::{Map, Number, Value};
@@ -205,7 +205,7 @@ pub enum RetryDecision {
     /// Not retried by this policy: let the next hook decide (the turn ends `error` if none does).
     Delegate,
     /// Retry number `retry` (1-based within its chain) after `delay_ms`. `retry_id` is the chain's id
-    /// when the chain already exists, `None` for a new chain (the caller mints one).
+    /// when the chain already exists, `None` for a new chain (the caller supplies one).
     Schedule {
         /// The retry's number within its chain, from 1.
         retry: u64,
@@ -661,13 +661,9 @@ impl RetryHook {
         RetryHook::with_policy(RetryPolicy::default().with_max_retries(n))
     }
 
-    /// The recovery for the failure in `ctx`; `mint_retry_id` is called only when a new chain starts.
-    /// A turn already cancelled is never retried.
-    pub fn recovery(
-        &self,
-        ctx: &RequestErrorCtx,
-        mint_retry_id: impl FnOnce() -> String,
-    ) -> Recovery {
+    /// The recovery for the failure in `ctx`; a new chain takes the runtime's `ctx.new_retry_id`, a
+    /// continued chain keeps its id. A turn already cancelled is never retried.
+    pub fn recovery(&self, ctx: &RequestErrorCtx) -> Recovery {
         let Some(policy) = self.policy.as_ref().or(ctx.retry_policy.as_ref()) else {
             return Recovery::Delegate;
         };
@@ -681,7 +677,7 @@ impl RetryHook {
                 retry_id,
                 delay_ms,
             } => Recovery::Backoff(ScheduledRetry {
-                retry_id: retry_id.unwrap_or_else(mint_retry_id),
+                retry_id: retry_id.unwrap_or_else(|| ctx.new_retry_id.clone()),
                 mode: policy.mode.name().to_string(),
                 policy_key: policy.policy_key(),
                 retry,
@@ -740,7 +736,7 @@ impl SequenceBound {
 #[async_trait]
 impl RequestErrorHook for RetryHook {
     async fn request_error(&self, ctx: &RequestErrorCtx) -> Result<Recovery, HookError> {
-        Ok(self.recovery(ctx, || uuid::Uuid::new_v4().to_string()))
+        Ok(self.recovery(ctx))
     }
 }
 
@@ -786,6 +782,9 @@ mod tests {
         }
     }
 
+    /// The id the runtime supplies in `ctx` for a new chain.
+    const NEW_RETRY_ID: &str = "minted-by-the-runtime";
+
     fn ctx(
         provider: &str,
         failure: LlmFailure,
@@ -805,6 +804,7 @@ mod tests {
             retry_policy,
             retries,
             random,
+            new_retry_id: NEW_RETRY_ID.into(),
         }
     }
 
@@ -1104,9 +1104,9 @@ mod tests {
         let hook = RetryHook::with_policy(p);
         let c = ctx("mock", failure(codes::RATE_LIMIT), None, Vec::new(), 0.7);
         assert_eq!(
-            hook.recovery(&c, || "id-1".into()),
+            hook.recovery(&c),
             Recovery::Backoff(ScheduledRetry {
-                retry_id: "id-1".into(),
+                retry_id: NEW_RETRY_ID.into(),
                 mode: "normal".into(),
                 policy_key: r#"["normal",2,["RATE_LIMIT","SERVER"],500,10000,0]"#.into(),
                 retry: 1,
@@ -1256,15 +1256,9 @@ mod tests {
             Vec::new(),
             0.5,
         );
-        assert_eq!(
-            hook.recovery(&auth, || unreachable!("no chain")),
-            Recovery::Delegate
-        );
+        assert_eq!(hook.recovery(&auth), Recovery::Delegate);
         let unserved = ctx("mock", failure(codes::SERVER), None, Vec::new(), 0.5);
-        assert_eq!(
-            hook.recovery(&unserved, || unreachable!("no chain")),
-            Recovery::Delegate
-        );
+        assert_eq!(hook.recovery(&unserved), Recovery::Delegate);
     }
 
     /// retry.spec 11: "selects policy by the failed request provider" — the hook follows the policy
@@ -1279,14 +1273,14 @@ mod tests {
             Vec::new(),
             0.5,
         );
-        assert_eq!(hook.recovery(&normal, || "x".into()), Recovery::Delegate);
+        assert_eq!(hook.recovery(&normal), Recovery::Delegate);
         let always = policy(json!({"mode": "always", "backoff": {"jitterRatio": 0}}));
         let other = ctx("other", failure(codes::AUTH), Some(always), Vec::new(), 0.5);
-        let s = scheduled(hook.recovery(&other, || "fresh".into()));
+        let s = scheduled(hook.recovery(&other));
         assert_eq!(
             s,
             ScheduledRetry {
-                retry_id: "fresh".into(),
+                retry_id: NEW_RETRY_ID.into(),
                 mode: "always".into(),
                 policy_key: r#"["always",500,10000,0]"#.into(),
                 retry: 1,
@@ -1303,7 +1297,7 @@ mod tests {
             Vec::new(),
             0.5,
         );
-        let s = scheduled(own.recovery(&c, || "own".into()));
+        let s = scheduled(own.recovery(&c));
         assert_eq!((s.mode.as_str(), s.max_retries), ("normal", Some(1)));
     }
 
@@ -1337,8 +1331,8 @@ mod tests {
         let history = [recorded("mock", &old, 1, "old-chain")];
         let hook = RetryHook::with_policy(new.clone());
         let c = ctx("mock", failure(codes::SERVER), None, history.to_vec(), 0.5);
-        let s = scheduled(hook.recovery(&c, || "new-chain".into()));
-        assert_eq!((s.retry, s.retry_id.as_str()), (1, "new-chain"));
+        let s = scheduled(hook.recovery(&c));
+        assert_eq!((s.retry, s.retry_id.as_str()), (1, NEW_RETRY_ID));
         assert_eq!(s.policy_key, new.policy_key());
 
         // Within the new chain the id is reused and numbering continues.
@@ -1346,8 +1340,11 @@ mod tests {
             recorded("mock", &old, 1, "old-chain"),
             recorded("mock", &new, 1, "new-chain"),
         ];
-        let c = ctx("mock", failure(codes::SERVER), None, history, 0.5);
-        let s = scheduled(hook.recovery(&c, || unreachable!("chain exists")));
+        let c = RequestErrorCtx {
+            new_retry_id: "unused".into(),
+            ..ctx("mock", failure(codes::SERVER), None, history, 0.5)
+        };
+        let s = scheduled(hook.recovery(&c));
         assert_eq!((s.retry, s.retry_id.as_str()), (2, "new-chain"));
     }
 
@@ -1361,11 +1358,15 @@ mod tests {
         let hook = RetryHook::with_policy(p.clone());
         let mut history = Vec::new();
         let mut delays = Vec::new();
-        for _ in 0..4 {
-            let c = ctx("mock", failure(codes::AUTH), None, history.clone(), 1.0);
-            let s = scheduled(hook.recovery(&c, || "chain".into()));
+        for attempt in 0..4 {
+            // The runtime supplies a fresh id every time; only the first starts the chain.
+            let c = RequestErrorCtx {
+                new_retry_id: format!("minted-{attempt}"),
+                ..ctx("mock", failure(codes::AUTH), None, history.clone(), 1.0)
+            };
+            let s = scheduled(hook.recovery(&c));
             assert_eq!(s.max_retries, None);
-            assert_eq!(s.retry_id, "chain");
+            assert_eq!(s.retry_id, "minted-0");
             delays.push(serde_json::to_string(&js_number(s.delay_ms)).expect("numbers serialize"));
             history.push(recorded("mock", &p, s.retry, &s.retry_id));
         }
@@ -1387,28 +1388,36 @@ mod tests {
             0.5,
         );
         c.hook.cancel.cancel();
-        assert_eq!(
-            hook.recovery(&c, || unreachable!("no retry")),
-            Recovery::Delegate
-        );
+        assert_eq!(hook.recovery(&c), Recovery::Delegate);
     }
 
+    /// The hook mints nothing: a new chain takes the id the runtime put in the context (a UUID v4
+    /// from `dsh::ids::mint_retry_id` in the agent actor), and a continued chain keeps its own.
     #[test]
-    fn the_hook_mints_a_uuid_for_a_new_chain() {
+    fn the_hook_takes_the_runtime_supplied_id_for_a_new_chain() {
         let hook = RetryHook::new();
-        let c = ctx(
-            "mock",
-            failure(codes::SERVER),
-            Some(RetryPolicy::default()),
-            Vec::new(),
-            0.5,
-        );
+        let runtime_id = crate::ids::mint_retry_id();
+        let c = RequestErrorCtx {
+            new_retry_id: runtime_id.clone(),
+            ..ctx(
+                "mock",
+                failure(codes::SERVER),
+                Some(RetryPolicy::default()),
+                Vec::new(),
+                0.5,
+            )
+        };
         let recovery = futures::executor::block_on(hook.request_error(&c)).expect("never fails");
         let s = scheduled(recovery);
-        assert_eq!(
-            uuid::Uuid::parse_str(&s.retry_id).map(|u| u.get_version_num()),
-            Ok(4)
-        );
+        assert_eq!(s.retry_id, runtime_id);
+        let continued = RequestErrorCtx {
+            retries: vec![recorded("mock", &RetryPolicy::default(), 1, &runtime_id)],
+            new_retry_id: crate::ids::mint_retry_id(),
+            ..c
+        };
+        let recovery = futures::executor::block_on(hook.request_error(&continued));
+        let s = scheduled(recovery.expect("never fails"));
+        assert_eq!((s.retry, s.retry_id), (2, runtime_id));
     }
 
     #[test]
@@ -1426,7 +1435,7 @@ mod tests {
             Vec::new(),
             0.5,
         );
-        let recovery = RetryHook::new().recovery(&c, || "r1".into());
+        let recovery = RetryHook::new().recovery(&c);
         assert!(matches!(
             bound.apply(recovery.clone(), 1_000),
             Recovery::Backoff(_)

@@ -236,6 +236,31 @@ pub fn assert_kinds(log: &[Event], want: &[&str]) {
     }
 }
 
+/// The `skeleton` of a turn answered with text in one step.
+pub const TEXT_TURN: [&str; 6] = [
+    "turn/start",
+    "step/start",
+    "user/message",
+    "assistant/message",
+    "step/end",
+    "turn/end",
+];
+
+/// The `skeleton` of a turn whose first step calls one tool and whose second answers.
+pub const TOOL_TURN: [&str; 11] = [
+    "turn/start",
+    "step/start",
+    "user/message",
+    "assistant/message",
+    "tool/call",
+    "tool/result",
+    "step/end",
+    "step/start",
+    "assistant/message",
+    "step/end",
+    "turn/end",
+];
+
 /// The log without chunks, the request envelope and inbox splices.
 pub fn skeleton(log: &[Event]) -> Vec<Event> {
     log.iter()

@@ -86,6 +86,38 @@ impl TurnWriter {
         ))))
     }
 
+    /// The chunks of a text block at index 0 streamed as `deltas`: its start, one delta each, and
+    /// its end carrying the whole text.
+    fn text_block(&mut self, turn: u64, step: u64, deltas: &[&str]) -> Vec<Event> {
+        let mut chunks = vec![self.chunk(
+            turn,
+            step,
+            StreamChunk::BlockStart {
+                index: 0,
+                block_type: BlockType::Text,
+            },
+        )];
+        for delta in deltas {
+            chunks.push(self.chunk(
+                turn,
+                step,
+                StreamChunk::TextDelta {
+                    index: 0,
+                    text: (*delta).to_string(),
+                },
+            ));
+        }
+        chunks.push(self.chunk(
+            turn,
+            step,
+            StreamChunk::BlockEnd {
+                index: 0,
+                block: ContentBlock::text(deltas.concat()),
+            },
+        ));
+        chunks
+    }
+
     /// The batches of one whole turn with one tool call (two steps), in checkpoint order.
     pub fn turn_batches(&mut self) -> Vec<Vec<Event>> {
         let turn = self.session.last_turn() + 1;
@@ -128,39 +160,8 @@ impl TurnWriter {
         let text = self.text(turn, "thinking");
         let (head, tail) = text.split_at(text.len() / 2);
         let arguments = format!("{{\"path\":\"src/file-{turn}.rs\"}}");
-        let mut batch = vec![
-            self.chunk(
-                turn,
-                1,
-                StreamChunk::BlockStart {
-                    index: 0,
-                    block_type: BlockType::Text,
-                },
-            ),
-            self.chunk(
-                turn,
-                1,
-                StreamChunk::TextDelta {
-                    index: 0,
-                    text: head.to_string(),
-                },
-            ),
-            self.chunk(
-                turn,
-                1,
-                StreamChunk::TextDelta {
-                    index: 0,
-                    text: tail.to_string(),
-                },
-            ),
-            self.chunk(
-                turn,
-                1,
-                StreamChunk::BlockEnd {
-                    index: 0,
-                    block: ContentBlock::text(&text),
-                },
-            ),
+        let mut batch = self.text_block(turn, 1, &[head, tail]);
+        batch.extend([
             self.chunk(
                 turn,
                 1,
@@ -193,7 +194,7 @@ impl TurnWriter {
             ),
             self.chunk(turn, 1, StreamChunk::Usage { usage: usage() }),
             self.chunk(turn, 1, StreamChunk::finish(FinishReason::ToolCalls)),
-        ];
+        ]);
         let chunk_seqs: Vec<u64> = batch.iter().map(|e| e.seq).collect();
         let assistant = Message {
             id: MessageId::new(&format!("a-{turn}-1")).expect("valid id"),
@@ -265,34 +266,11 @@ impl TurnWriter {
 
         // The answer and the turn end.
         let answer = self.text(turn, "answer");
-        let mut batch = vec![
-            self.chunk(
-                turn,
-                2,
-                StreamChunk::BlockStart {
-                    index: 0,
-                    block_type: BlockType::Text,
-                },
-            ),
-            self.chunk(
-                turn,
-                2,
-                StreamChunk::TextDelta {
-                    index: 0,
-                    text: answer.clone(),
-                },
-            ),
-            self.chunk(
-                turn,
-                2,
-                StreamChunk::BlockEnd {
-                    index: 0,
-                    block: ContentBlock::text(&answer),
-                },
-            ),
+        let mut batch = self.text_block(turn, 2, &[&answer]);
+        batch.extend([
             self.chunk(turn, 2, StreamChunk::Usage { usage: usage() }),
             self.chunk(turn, 2, StreamChunk::finish(FinishReason::Stop)),
-        ];
+        ]);
         let chunk_seqs: Vec<u64> = batch.iter().map(|e| e.seq).collect();
         batch.push(self.push(EventDraft::append(
             EventData::AssistantMessage(Box::new(AssistantMessageEvent {

@@ -305,6 +305,7 @@ impl AgentActor {
                     retry_policy,
                     retries,
                     random: rand::random::<f64>(),
+                    new_retry_id: dsh::ids::mint_retry_id(),
                 };
                 let work = run_request_error(self.hooks.request_error.clone(), ctx);
                 spawn_hook(&state.myself, work, move |result| {

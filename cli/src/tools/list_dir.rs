@@ -154,7 +154,7 @@ fn render(path: &str, listing: Listing) -> ToolOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::test_support::text_of;
+    use crate::tools::test_support::{assert_outside_root, text_of};
 
     fn call(args: Value) -> ToolInvocation {
         crate::tools::test_support::call(NAME, args)
@@ -214,14 +214,7 @@ mod tests {
             let out = tool
                 .execute(call(json!({"path": path})), CancellationToken::new())
                 .await;
-            assert!(out.is_error, "{path}: {}", text_of(&out));
-            assert_eq!(
-                out.error.as_ref().map(|e| e.code.as_str()),
-                Some("OUTSIDE_ROOT"),
-                "{path}: {}",
-                text_of(&out)
-            );
-            assert!(!text_of(&out).contains("secret"), "{path}");
+            assert_outside_root(&out, path, "secret");
         }
     }
 

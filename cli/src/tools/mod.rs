@@ -339,4 +339,17 @@ mod test_support {
             })
             .collect()
     }
+
+    /// Asserts that asking for `path` was refused as `OUTSIDE_ROOT` without showing `secret`.
+    #[track_caller]
+    pub(super) fn assert_outside_root(out: &ToolOutput, path: &str, secret: &str) {
+        assert!(out.is_error, "{path}: {}", text_of(out));
+        assert_eq!(
+            out.error.as_ref().map(|e| e.code.as_str()),
+            Some("OUTSIDE_ROOT"),
+            "{path}: {}",
+            text_of(out)
+        );
+        assert!(!text_of(out).contains(secret), "{path}");
+    }
 }

@@ -274,7 +274,7 @@ fn render(path: &str, offset: u64, w: Window) -> ToolOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::test_support::text_of;
+    use crate::tools::test_support::{assert_outside_root, text_of};
 
     fn call(args: Value) -> ToolInvocation {
         crate::tools::test_support::call(NAME, args)
@@ -354,14 +354,7 @@ mod tests {
             sneaky.as_str(),
         ] {
             let out = run(&tool, json!({"path": path})).await;
-            assert!(out.is_error, "{path}: {}", text_of(&out));
-            assert_eq!(
-                out.error.as_ref().map(|e| e.code.as_str()),
-                Some("OUTSIDE_ROOT"),
-                "{path}: {}",
-                text_of(&out)
-            );
-            assert!(!text_of(&out).contains("top secret"), "{path}");
+            assert_outside_root(&out, path, "top secret");
         }
         assert_eq!(
             std::fs::read_to_string(&secret).expect("read"),
