@@ -251,6 +251,22 @@ async fn bad_input_is_refused_naming_the_field() {
         .await;
     assert_eq!(got, 413, "{answer}");
     assert!(error("too_large")(&answer), "{answer}");
+    // The overflowing body was left unread, so the server must not keep that connection for another
+    // request: a client that reused it could see it closed under its next request.
+    let resp = s
+        .client
+        .post(s.url("/v1/sessions/a/followup"))
+        .json(&json!({"text": "x".repeat(3 << 20)}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status().as_u16(), 413);
+    assert_eq!(
+        resp.headers()
+            .get("connection")
+            .and_then(|v| v.to_str().ok()),
+        Some("close")
+    );
     let resp = s
         .client
         .post(s.url("/v1/sessions/a/followup"))

@@ -36,7 +36,10 @@ where
 pub async fn read_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
     Bytes::from_request(req, state).await.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(format!("the body is too large: {}", rejection.body_text()))
+            ApiError {
+                close: true,
+                ..ApiError::too_large(format!("the body is too large: {}", rejection.body_text()))
+            }
         } else {
             ApiError::bad_request(format!(
                 "the body cannot be read: {}",

@@ -25,6 +25,9 @@ pub struct ApiError {
     pub code: &'static str,
     /// What went wrong, for people; names the offending field for bad input.
     pub message: String,
+    /// The request's body was left unread (it overflowed its limit), so the connection cannot carry
+    /// another request: the answer says `Connection: close` and a client does not reuse it.
+    pub close: bool,
 }
 
 /// The JSON body of an error answer.
@@ -50,6 +53,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            close: false,
         }
     }
 
@@ -201,6 +205,11 @@ impl IntoResponse for ApiError {
             },
         };
         let mut response = (self.status, axum::Json(body)).into_response();
+        if self.close {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         // A full inbox or a full set of streams clears by itself: tell the client when to retry.
         if self.status == StatusCode::TOO_MANY_REQUESTS || self.code == "too_many_streams" {
             response
