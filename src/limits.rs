@@ -95,3 +95,34 @@ const _: () = assert!(Limits::DEFAULT.tool_arguments_bytes_max < Limits::DEFAULT
 const _: () = assert!(Limits::DEFAULT.sse_line_bytes_max <= Limits::DEFAULT.sse_event_bytes_max);
 const _: () = assert!(Limits::DEFAULT.sse_event_bytes_max < Limits::DEFAULT.event_bytes_max);
 const _: () = assert!(Limits::DEFAULT.assistant_bytes_max < Limits::DEFAULT.event_bytes_max);
+
+/// The most characters of an outside value an error message repeats. 200: enough to recognise a
+/// value, bounded so a hostile 5 MB id cannot make a 5 MB error line.
+pub const ECHO_CHARS_MAX: usize = 200;
+
+/// `value` as an error message may repeat it: cut after [`ECHO_CHARS_MAX`] characters, with `…`
+/// marking the cut.
+pub fn echo(value: &str) -> String {
+    match value.char_indices().nth(ECHO_CHARS_MAX) {
+        Some((cut, _)) => format!("{}…", &value[..cut]),
+        None => value.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod echo_tests {
+    use super::{ECHO_CHARS_MAX, echo};
+
+    #[test]
+    fn an_echo_keeps_short_values_and_cuts_long_ones_on_a_character() {
+        assert_eq!(echo("abc"), "abc");
+        let long = "é".repeat(ECHO_CHARS_MAX + 5);
+        let cut = echo(&long);
+        assert_eq!(cut.chars().count(), ECHO_CHARS_MAX + 1);
+        assert!(cut.ends_with('…'));
+        assert_eq!(
+            echo(&"x".repeat(ECHO_CHARS_MAX)),
+            "x".repeat(ECHO_CHARS_MAX)
+        );
+    }
+}

@@ -543,14 +543,18 @@ fn parse_header(
     let map = header_map(bytes, limits)?;
     let header_id = match map.get("id") {
         Some(Value::String(s)) => s.as_str(),
-        Some(v) => return Err(bad(format!("header id must be a string, got {v}"))),
+        Some(v) => {
+            let got = crate::limits::echo(&v.to_string());
+            return Err(bad(format!("header id must be a string, got {got}")));
+        }
         None => return Err(bad("the session header has no id".into())),
     };
     let id = match &options.session_id {
         Some(id) => id.clone(),
         None => SessionId::new(header_id).map_err(|e| {
             bad(format!(
-                "header id {header_id:?} is not a valid session id: {e}"
+                "header id {:?} is not a valid session id: {e}",
+                crate::limits::echo(header_id)
             ))
         })?,
     };
@@ -592,7 +596,15 @@ fn parse_header(
 }
 
 /// A header refused for `reason`.
+/// A refused header. The reason may repeat values from the header (an id, a key, a number): each
+/// is cut by `limits::echo` where it is formatted, and the whole reason is bounded here too, so no
+/// value from the file, however long, makes an unbounded error line.
 fn header_bad(reason: String) -> ImportError {
+    const REASON_CHARS_MAX: usize = 4 * crate::limits::ECHO_CHARS_MAX;
+    let reason = match reason.char_indices().nth(REASON_CHARS_MAX) {
+        Some((cut, _)) => format!("{}…", &reason[..cut]),
+        None => reason,
+    };
     ImportError::Header { reason }
 }
 
@@ -1116,6 +1128,16 @@ mod tests {
             (
                 HEADER.replace(r#""id":"s1""#, r#""id":1"#),
                 "header id must be a string, got 1",
+            ),
+            (
+                HEADER.replace(
+                    r#""id":"s1""#,
+                    &format!(r#""id":"{}""#, "a/".repeat(2_500_000)),
+                ),
+                &format!(
+                    "header id \"{}…\" is not a valid session id: session id is 5000000 bytes, the limit is 128",
+                    "a/".repeat(100)
+                ),
             ),
             (
                 HEADER.replace(r#""createdAt":5"#, r#""createdAt":-5"#),
