@@ -558,14 +558,7 @@ async fn messages_export_and_import() {
 async fn event_streams_replay_resume_and_end() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = Server::start(dir.path(), FAST_SIM, &["--keep-alive-ms", "20"]);
-    s.call("POST", "/v1/sessions", Some(json!({"id": "a"})))
-        .await;
-    s.call(
-        "POST",
-        "/v1/sessions/a/followup",
-        Some(json!({"text": "one"})),
-    )
-    .await;
+    s.create_with_followup("a", "one").await;
     let mut live = s.events("/v1/sessions/a/events", None).await;
     let first = live.until("turn/end").await;
     let n = first.len() as u64;
@@ -637,14 +630,7 @@ async fn event_streams_replay_resume_and_end() {
 async fn a_stream_resumed_while_a_turn_runs_has_no_gap_and_no_duplicate() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = Server::start(dir.path(), SLOW_SIM, &[]);
-    s.call("POST", "/v1/sessions", Some(json!({"id": "a"})))
-        .await;
-    s.call(
-        "POST",
-        "/v1/sessions/a/followup",
-        Some(json!({"text": "go"})),
-    )
-    .await;
+    s.create_with_followup("a", "go").await;
     let mut seen = Vec::new();
     let mut last = None;
     // Three reconnects, each after a few chunks, each resuming from the last id received.
@@ -784,14 +770,7 @@ async fn sigterm_drains_refusing_input_and_cancelling_turns_at_the_timeout() {
     let dir = tempfile::tempdir().expect("tempdir");
     // A long drain timeout: the running turn is ended by a cancel sent during the drain.
     let s = Server::start(dir.path(), SLOW_SIM, &["--drain-timeout", "600"]);
-    s.call("POST", "/v1/sessions", Some(json!({"id": "a"})))
-        .await;
-    s.call(
-        "POST",
-        "/v1/sessions/a/followup",
-        Some(json!({"text": "go"})),
-    )
-    .await;
+    s.create_with_followup("a", "go").await;
     let mut stream = s.events("/v1/sessions/a/events", None).await;
     stream.until("assistant/chunk").await;
     s.terminate();
@@ -857,14 +836,7 @@ impl JsonValue for reqwest::Response {
 async fn metrics_are_prometheus_text() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = Server::start(dir.path(), FAST_SIM, &[]);
-    s.call("POST", "/v1/sessions", Some(json!({"id": "a"})))
-        .await;
-    s.call(
-        "POST",
-        "/v1/sessions/a/followup",
-        Some(json!({"text": "one"})),
-    )
-    .await;
+    s.create_with_followup("a", "one").await;
     s.call(
         "POST",
         "/v1/sessions/a/inject",

@@ -148,6 +148,27 @@ impl Server {
         (status, serde_json::from_str(&text).unwrap_or(Value::Null))
     }
 
+    /// Creates session `id` and sends it one followup, asserting both were accepted (201, then 202
+    /// once durable): the start of most tests that need a turn to run.
+    pub async fn create_with_followup(&self, id: &str, text: &str) {
+        let (status, answer) = self
+            .call(
+                "POST",
+                "/v1/sessions",
+                Some(serde_json::json!({ "id": id })),
+            )
+            .await;
+        assert_eq!(status, 201, "create {id}: {answer}");
+        let (status, answer) = self
+            .call(
+                "POST",
+                &format!("/v1/sessions/{id}/followup"),
+                Some(serde_json::json!({ "text": text })),
+            )
+            .await;
+        assert_eq!(status, 202, "followup to {id}: {answer}");
+    }
+
     /// Opens an event stream.
     pub async fn events(&self, path: &str, last_event_id: Option<u64>) -> SseReader {
         let mut req = self.client.get(self.url(path));
