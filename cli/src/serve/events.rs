@@ -25,7 +25,6 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use dsh::session::Event;
 use dsh::session::store::SessionStore;
-use dsh::session::store::sqlite::SqliteStore;
 use dsh::turn::Status;
 use dsh_actors::{AgentHandle, Observation, Observed, Subscription};
 use futures::Stream;
@@ -99,7 +98,7 @@ pub async fn events(
     let end = state.inner.streams_end.clone();
     let gauge = state.inner.metrics.sse_subscribers.clone();
     gauge.inc();
-    let store = Arc::clone(state.store());
+    let store = state.store().clone();
     let producer = async move {
         let _open = OpenStream(gauge);
         let _slot = slot;
@@ -109,7 +108,7 @@ pub async fn events(
         };
         if let Some(sub) = subscription {
             tokio::select! {
-                () = follow(&handle, &store, sub, next, &tx) => {}
+                () = follow(&handle, store.store(), sub, next, &tx) => {}
                 () = end.cancelled() => {}
                 () = tx.closed() => {}
             }
@@ -164,7 +163,7 @@ async fn replay(handle: &AgentHandle, from: u64, tx: &mpsc::Sender<SseEvent>) ->
 /// Follows live durable events from seq `next` until the agent goes away or the client lags.
 async fn follow(
     handle: &AgentHandle,
-    store: &SqliteStore,
+    store: &dyn SessionStore,
     mut sub: Subscription,
     mut next: u64,
     tx: &mpsc::Sender<SseEvent>,
@@ -210,7 +209,7 @@ async fn follow(
 /// store: they are durable); `None` when neither has them or the client went away.
 async fn fill_gap(
     handle: &AgentHandle,
-    store: &SqliteStore,
+    store: &dyn SessionStore,
     from: u64,
     to: u64,
     tx: &mpsc::Sender<SseEvent>,
