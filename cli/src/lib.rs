@@ -107,7 +107,8 @@ pub struct SimArgs {
     /// Print one JSON object instead of the report.
     #[arg(long)]
     pub json: bool,
-    /// Store: sqlite or memory.
+    /// Store: sqlite, memory, or a PostgreSQL URL `postgres://…` (the run's sessions are deleted
+    /// afterwards unless `--keep-store`; the database must hold none of an earlier run).
     #[arg(long, default_value = "sqlite")]
     pub store: String,
     /// Model time to first token, in milliseconds.
