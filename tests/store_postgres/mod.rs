@@ -1,16 +1,24 @@
 //! The PostgreSQL store against a real server: the shared store contract (typed errors change
 //! nothing), group commit across sessions, exact v0 JSON text, repair on load, migrations, leases
-//! with fencing between two nodes, and a failed commit that poisons only its own sessions.
+//! with fencing between two nodes (stores, and hosts whose fenced agent stops and fails its input),
+//! and a failed commit that poisons only its own sessions.
 //!
 //! Each test creates a database of its own (a fresh name) and drops it at the end. Without a server
 //! (`DSH_TEST_POSTGRES`, default `postgres://postgres@127.0.0.1:5432/postgres`) a test prints one
 //! line saying it skipped; with `CI=true` it fails instead.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use dsh::MessageId;
+use dsh::llm::provider::ProviderRegistry;
+use dsh::llm::sim::{SimConfig, SimProvider};
+use dsh::llm::types::Message;
 use dsh::session::invariant;
 use dsh::session::store::postgres::{PostgresConfig, PostgresStore};
 use dsh::session::store::{SessionStore, StoreError};
+use dsh::turn::AgentConfig;
+use dsh_actors::{AgentSpec, Host};
 use tokio_postgres::NoTls;
 
 use super::store_support::{TurnWriter, encode, sid, to_json};
@@ -442,4 +450,101 @@ async fn postgres_a_failed_commit_poisons_only_its_sessions() {
         invariant::check(&events).unwrap();
     }
     store.close().await.unwrap();
+}
+
+/// A host on `store` whose agents answer with the instant simulated model.
+async fn sim_host(store: Arc<PostgresStore>) -> Host {
+    let mut providers = ProviderRegistry::new();
+    providers.register(Arc::new(
+        SimProvider::new(SimConfig::instant(1))
+            .expect("a valid sim")
+            .named("sim"),
+    ));
+    Host::builder(store as Arc<dyn SessionStore>)
+        .providers(providers)
+        .start()
+        .await
+        .expect("the host starts")
+}
+
+fn user(id: &str, text: &str) -> Message {
+    Message::user_text(MessageId::new(id).expect("a valid id"), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_two_hosts_a_fenced_agent_stops_and_its_input_fails() {
+    let Some(db) = TestDb::create("postgres_two_hosts").await else {
+        return;
+    };
+    let ttl = Duration::from_millis(600);
+    // Host a's store stops renewing: it stands for a node paused past its lease.
+    let store_a = Arc::new(
+        open(
+            &db,
+            PostgresConfig {
+                lease_ttl: ttl,
+                renew_leases: false,
+                ..node("host-a")
+            },
+        )
+        .await,
+    );
+    let store_b = Arc::new(
+        open(
+            &db,
+            PostgresConfig {
+                lease_ttl: ttl,
+                ..node("host-b")
+            },
+        )
+        .await,
+    );
+    let host_a = sim_host(Arc::clone(&store_a)).await;
+    let host_b = sim_host(Arc::clone(&store_b)).await;
+    let spec = || AgentSpec::new(AgentConfig::new("sim", "sim")).with_id(sid("shared"));
+    let agent_a = host_a.create(spec()).await.expect("a creates the agent");
+    agent_a.followup(user("m1", "one")).await.expect("durable");
+    agent_a.when_idle().await.expect("idle");
+
+    // While a's lease lives, b cannot host the session.
+    let refused = host_b.resume(&sid("shared"), spec()).await.unwrap_err();
+    assert!(refused.to_string().contains("fenced"), "{refused}");
+
+    // The lease lapses; b takes over (epoch 2) and continues the log.
+    tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+    let agent_b = host_b
+        .resume(&sid("shared"), spec())
+        .await
+        .expect("b takes over");
+    assert_eq!(store_b.held_epoch(&sid("shared")), Some(2));
+    agent_b.followup(user("m2", "two")).await.expect("durable");
+    agent_b.when_idle().await.expect("idle");
+
+    // a's agent, still running, is fenced at its next write: the input fails with the reason.
+    let failed = agent_a.followup(user("m3", "three")).await.unwrap_err();
+    assert!(
+        failed
+            .to_string()
+            .contains("node host-b holds its lease at epoch 2"),
+        "{failed}"
+    );
+    assert!(agent_a.followup(user("m4", "four")).await.is_err());
+
+    // The log holds m1 and m2 once each, never m3, and is valid.
+    let events = store_b.inspect(&sid("shared")).await.unwrap().events;
+    invariant::check(&events).unwrap();
+    let users: Vec<String> = events
+        .iter()
+        .filter(|e| e.kind() == "user/message")
+        .map(|e| e.to_json())
+        .collect();
+    assert_eq!(users.len(), 2, "{users:?}");
+    assert!(
+        users[0].contains("\"m1\"") && users[1].contains("\"m2\""),
+        "{users:?}"
+    );
+    host_a.shutdown().await;
+    host_b.shutdown().await;
+    store_a.close().await.unwrap();
+    store_b.close().await.unwrap();
 }

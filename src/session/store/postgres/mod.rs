@@ -240,6 +240,9 @@ impl std::fmt::Debug for PostgresStore {
     }
 }
 
+/// How often one append takes a lease again after a release raced it.
+const RETAKES_MAX: usize = 4;
+
 /// Takes the lease of `id` for `node` (epoch + 1) if it is free, expired or `node`'s already:
 /// `$1` session, `$2` node, `$3` ttl in ms.
 const TAKE_LEASE: &str = "\
@@ -487,21 +490,20 @@ impl PostgresStore {
         self.take(id).await.map(|_| ())
     }
 
-    /// Reserves `events` at the session's next seq and queues them; returns the answer to await.
+    /// Reserves `events` at the session's next seq and queues them; returns the answer to await,
+    /// or gives the events back when this node does not hold the lease (a release raced).
     async fn queue_append(
         &self,
         id: &SessionId,
         events: Vec<EncodedEvent>,
         expected_end: Option<u64>,
-    ) -> Result<oneshot::Receiver<Result<(), StoreError>>, StoreError> {
+    ) -> Result<Result<oneshot::Receiver<Result<(), StoreError>>, Vec<EncodedEvent>>, StoreError>
+    {
         let permit = self.tx.reserve().await.map_err(|_| StoreError::Closed)?;
         let (reply, answer) = oneshot::channel();
         let mut held = self.shared.held();
         let Some(h) = held.get_mut(id) else {
-            return Err(StoreError::Fenced {
-                id: id.clone(),
-                reason: "this node released its lease".to_string(),
-            });
+            return Ok(Err(events));
         };
         match &h.state {
             HeldState::Writable => {}
@@ -553,7 +555,7 @@ impl PostgresStore {
             },
             reply,
         });
-        Ok(answer)
+        Ok(Ok(answer))
     }
 
     async fn answer(rx: oneshot::Receiver<Result<(), StoreError>>) -> Result<(), StoreError> {
@@ -741,8 +743,20 @@ impl SessionStore for PostgresStore {
         if events.is_empty() {
             return Ok(());
         }
-        let answer = self.queue_append(id, events, None).await?;
-        Self::answer(answer).await
+        let mut events = events;
+        // A release (hibernation) may race this append between the take and the queueing: take
+        // the lease again, a bounded number of times.
+        for _ in 0..RETAKES_MAX {
+            match self.queue_append(id, events, None).await? {
+                Ok(answer) => return Self::answer(answer).await,
+                Err(back) => events = back,
+            }
+            self.ensure_held(id).await?;
+        }
+        Err(StoreError::Fenced {
+            id: id.clone(),
+            reason: format!("its lease was released {RETAKES_MAX} times during one append"),
+        })
     }
 
     async fn load(&self, id: &SessionId) -> Result<LoadedSession, StoreError> {
@@ -757,10 +771,18 @@ impl SessionStore for PostgresStore {
             });
         }
         let closers = scanned.encoded_closers();
-        let answer = self
+        match self
             .queue_append(id, closers, Some(scanned.raw_end))
-            .await?;
-        Self::answer(answer).await?;
+            .await?
+        {
+            Ok(answer) => Self::answer(answer).await?,
+            Err(_) => {
+                return Err(StoreError::Fenced {
+                    id: id.clone(),
+                    reason: "its lease was released during the load".to_string(),
+                });
+            }
+        }
         let n_repaired = scanned.closers.len();
         let mut events = scanned.events;
         events.extend(scanned.closers);
@@ -871,20 +893,23 @@ impl SessionStore for PostgresStore {
 
     async fn release(&self, id: &SessionId) -> Result<(), StoreError> {
         self.shared.readable()?;
-        let Some(epoch) = self.shared.held().remove(id).map(|h| h.epoch) else {
-            return Ok(());
-        };
-        let op = "release";
-        let client = self.shared.client(op).await?;
-        client
-            .execute(
-                "UPDATE dsh_leases SET node_id = NULL, expires_at = now() \
-                 WHERE session_id = $1 AND node_id = $2 AND epoch = $3",
-                &[&id.as_str(), &self.shared.config.node_id, &epoch],
-            )
-            .await
-            .map_err(|e| io_error(op, pg_error(&e)))?;
-        debug!(session = %id, epoch, "lease released");
-        Ok(())
+        // Through the writer, after every write queued before it; a write queued after it finds
+        // no lease held and takes it again (a higher epoch), which makes this release a no-op.
+        let permit = self.tx.reserve().await.map_err(|_| StoreError::Closed)?;
+        let (reply, answer) = oneshot::channel();
+        {
+            let Some(epoch) = self.shared.held().remove(id).map(|h| h.epoch) else {
+                return Ok(());
+            };
+            permit.send(Request {
+                op: Op::Release {
+                    id: id.clone(),
+                    epoch,
+                },
+                reply,
+            });
+            debug!(session = %id, epoch, "lease released");
+        }
+        Self::answer(answer).await
     }
 }

@@ -64,6 +64,8 @@ pub(super) enum Op {
     },
     /// The session, its log and its lease, under the lease epoch the caller holds.
     Delete { id: SessionId, epoch: i64 },
+    /// Give the lease up, after every write queued before it.
+    Release { id: SessionId, epoch: i64 },
     /// Stop once everything queued before this is committed.
     Close,
 }
@@ -74,11 +76,17 @@ pub(super) struct Request {
     pub(super) reply: oneshot::Sender<Result<(), StoreError>>,
 }
 
+/// Releases the lease of `$1` held by node `$2` at epoch `$3` (a later take raised the epoch: no-op).
+const RELEASE: &str = "\
+    UPDATE dsh_leases SET node_id = NULL, expires_at = now()
+    WHERE session_id = $1 AND node_id = $2 AND epoch = $3";
+
 /// The write connection and its prepared statements.
 pub(super) struct WriterConn {
     client: Client,
     insert: Statement,
     delete: Statement,
+    release: Statement,
 }
 
 /// Opens the write connection: `synchronous_commit = on` for this session whatever the server's
@@ -97,10 +105,12 @@ pub(super) async fn connect_writer(shared: &Shared) -> Result<WriterConn, String
         .prepare(DELETE_FENCED)
         .await
         .map_err(|e| e.to_string())?;
+    let release = client.prepare(RELEASE).await.map_err(|e| e.to_string())?;
     Ok(WriterConn {
         client,
         insert,
         delete,
+        release,
     })
 }
 
@@ -149,7 +159,15 @@ struct Params<'a> {
     kinds: Vec<&'a str>,
     jsons: Vec<&'a str>,
     first: i64,
-    delete: bool,
+    kind: Kind,
+}
+
+/// Which statement a request runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Append,
+    Delete,
+    Release,
 }
 
 /// What one request's statement did, before the commit.
@@ -165,14 +183,18 @@ enum Outcome {
 fn params_of(request: &Request) -> Result<Option<Params<'_>>, StoreError> {
     match &request.op {
         Op::Close => Ok(None),
-        Op::Delete { id, epoch } => Ok(Some(Params {
+        Op::Delete { id, epoch } | Op::Release { id, epoch } => Ok(Some(Params {
             id: id.as_str(),
             epoch: *epoch,
             seqs: Vec::new(),
             kinds: Vec::new(),
             jsons: Vec::new(),
             first: 0,
-            delete: true,
+            kind: if matches!(request.op, Op::Delete { .. }) {
+                Kind::Delete
+            } else {
+                Kind::Release
+            },
         })),
         Op::Append { id, epoch, events } => {
             let invalid = |cause: String| StoreError::Io {
@@ -201,7 +223,7 @@ fn params_of(request: &Request) -> Result<Option<Params<'_>>, StoreError> {
                 kinds,
                 jsons,
                 first,
-                delete: false,
+                kind: Kind::Append,
             }))
         }
     }
@@ -221,11 +243,17 @@ async fn write_group(
             let tx = &tx;
             let insert = &conn.insert;
             let delete = &conn.delete;
+            let release = &conn.release;
             async move {
                 match p {
                     Err(e) => Ok(Outcome::Invalid(e.clone())),
                     Ok(None) => Ok(Outcome::Done),
-                    Ok(Some(p)) if p.delete => {
+                    Ok(Some(p)) if p.kind == Kind::Release => {
+                        // A lease already taken again (a higher epoch) is left alone.
+                        tx.execute(release, &[&p.id, &node, &p.epoch]).await?;
+                        Ok(Outcome::Done)
+                    }
+                    Ok(Some(p)) if p.kind == Kind::Delete => {
                         let n = tx.execute(delete, &[&p.id, &node, &p.epoch]).await?;
                         Ok(if n == 1 {
                             Outcome::Done
@@ -323,7 +351,7 @@ fn fail_group(shared: &Shared, group: Vec<Request>, cause: &str) {
     warn!(%cause, n_requests = group.len(), "a postgres commit failed; poisoning its sessions");
     for request in group {
         let id = match &request.op {
-            Op::Append { id, .. } | Op::Delete { id, .. } => Some(id),
+            Op::Append { id, .. } | Op::Delete { id, .. } | Op::Release { id, .. } => Some(id),
             Op::Close => None,
         };
         if let Some(id) = id {
@@ -344,7 +372,7 @@ fn fail_group(shared: &Shared, group: Vec<Request>, cause: &str) {
 async fn refused(shared: &Shared, op: &Op) -> StoreError {
     let (id, epoch, first) = match op {
         Op::Append { id, epoch, events } => (id, *epoch, events.first().map_or(0, |e| e.seq)),
-        Op::Delete { id, epoch } => (id, *epoch, 0),
+        Op::Delete { id, epoch } | Op::Release { id, epoch } => (id, *epoch, 0),
         Op::Close => return StoreError::Closed,
     };
     let holder = shared.lease_holder(id).await;
