@@ -178,7 +178,7 @@ async fn via_http(agents: usize, turns: usize) -> Figures {
     let metrics = Arc::new(dsh_cli::serve::metrics::ServerMetrics::new());
     let state = AppState::new(
         host.clone(),
-        Arc::clone(&store),
+        dsh_cli::stored::Opened::Sqlite(Arc::clone(&store)),
         defaults(),
         None,
         settings,

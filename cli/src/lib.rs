@@ -23,7 +23,7 @@ pub mod serve;
 mod sessions;
 mod show;
 pub mod sim;
-mod stored;
+pub mod stored;
 pub mod text;
 pub mod tools;
 mod transfer;
