@@ -37,7 +37,7 @@ use dsh::session::store::sqlite::{IoOp, IoRecord, SqliteConfig, SqliteStore, Wri
 use dsh::tools::{ExecutionMode, Tool, ToolArgs, ToolInvocation, ToolOutput, ToolRegistry};
 use dsh::turn::AgentConfig;
 use dsh::{MessageId, SessionId};
-use dsh_actors::{AgentHandle, AgentSpec, Host, HostConfig, InputError};
+use dsh_actors::{AgentHandle, AgentSpec, Host, HostConfig, InputError, Observation, Observed};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use runtime_support::user_id;
@@ -155,9 +155,24 @@ async fn drive(
             }
             5 => {
                 tokio::time::sleep(Duration::from_millis(rng.random_range(0..3))).await;
-                let _ = agent.inject_panic().await;
-                // The host restarts it from its log (repair included); wait for the new instance.
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                let mut sub = agent.subscribe();
+                if agent.inject_panic().await.is_ok() {
+                    // The host restarts it from its log (repair included), or marks it failed when
+                    // the store refuses the repair; wait for the verdict.
+                    let verdict = tokio::time::timeout(Duration::from_secs(20), async {
+                        loop {
+                            match sub.next().await {
+                                Some(Observation::Item(
+                                    Observed::Restarted { .. } | Observed::Failed { .. },
+                                ))
+                                | None => return,
+                                Some(_) => {}
+                            }
+                        }
+                    })
+                    .await;
+                    assert!(verdict.is_ok(), "{}: no restart after a panic", agent.id());
+                }
             }
             _ => {}
         }
@@ -541,9 +556,9 @@ async fn disk_fault_schedule(seed: u64) {
     // Arm the fault a random number of operations ahead, so it lands anywhere in the run.
     match fault {
         DiskFault::Write(kind) => {
-            faults.fail_writes_from(faults.n_writes() + rng.random_range(0..120), kind);
+            faults.fail_writes_from(faults.n_writes() + rng.random_range(0..300), kind);
         }
-        DiskFault::Sync => faults.fail_syncs_from(faults.n_syncs() + rng.random_range(0..40)),
+        DiskFault::Sync => faults.fail_syncs_from(faults.n_syncs() + rng.random_range(0..50)),
     }
     let mut acked: Vec<Acked> = Vec::new();
     let mut n_refused = 0usize;

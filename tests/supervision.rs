@@ -373,7 +373,7 @@ impl Provider for FireProvider {
         "fire"
     }
     fn stream(&self, request: LlmRequest, cancel: CancellationToken) -> ChunkStream {
-        if self.calls.fetch_add(1, Ordering::SeqCst) % 2 == 0 {
+        if self.calls.fetch_add(1, Ordering::SeqCst).is_multiple_of(2) {
             Box::pin(PanicStream)
         } else {
             self.sim.stream(request, cancel)
@@ -557,10 +557,10 @@ async fn under_fire(n_agents: usize, plan: FirePlan) -> Vec<Outcome> {
     host.shutdown().await;
     for (i, o) in outcomes.iter().enumerate() {
         let id = format!("fire-{i}");
-        if !o.log.is_empty() {
-            if let Err(v) = dsh::session::invariant::check(&o.log) {
-                panic!("{id} ({:?}): {v}", o.fire);
-            }
+        if !o.log.is_empty()
+            && let Err(v) = dsh::session::invariant::check(&o.log)
+        {
+            panic!("{id} ({:?}): {v}", o.fire);
         }
         match o.fire {
             Fire::Clean | Fire::Tool | Fire::Hook | Fire::Stream => {
