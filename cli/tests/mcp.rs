@@ -355,3 +355,100 @@ async fn a_server_killed_mid_call_ends_the_call_with_an_error_and_the_next_step_
     assert_eq!(last["type"], "turn/end");
     assert_eq!(last["data"]["reason"], json!({"kind": "completed"}));
 }
+
+/// `python3` and the fixture server whose tool list changes (`mcp/tests/support/changing_tools.py`).
+fn changing_tools_server() -> Option<(String, String)> {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../mcp/tests/support/changing_tools.py");
+    let python = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("python3"))
+            .find(|p| p.is_file())
+    });
+    match python {
+        Some(python) => Some((
+            python.to_string_lossy().into_owned(),
+            script.to_string_lossy().into_owned(),
+        )),
+        None => {
+            let message = "python3 is not on PATH (needed by the changing-tools MCP fixture)";
+            if std::env::var("CI").as_deref() == Ok("true") {
+                panic!("{message}");
+            }
+            eprintln!("skipped: {message}");
+            None
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_the_server_adds_mid_turn_is_offered_from_the_next_step_with_a_changed_header() {
+    let Some((python, script)) = changing_tools_server() else {
+        return;
+    };
+    let scenario = Scenario::from_value(&json!({
+        "name": "an MCP server changes its tool list mid-turn",
+        "mcp_servers": {"chg": {"command": python, "args": [script]}},
+        "model": [
+            {"tool_calls": [{"id": "c1", "name": "chg__add_tool", "arguments": "{\"name\":\"greet\"}"}]},
+            {"tool_calls": [{"id": "c2", "name": "chg__greet", "arguments": "{\"text\":\"hi\"}"}]},
+            {"tool_calls": [{"id": "c3", "name": "chg__remove_tool", "arguments": "{\"name\":\"greet\"}"}]},
+            {"text": "done"}
+        ],
+        "actions": [{"followup": "go", "id": "m1"}, {"wait_idle": true}]
+    }))
+    .expect("a valid scenario");
+    let log = dsh_cli::scenario::run_scenario(&scenario)
+        .await
+        .expect("the scenario runs");
+    let seen: Vec<Value> = log
+        .iter()
+        .map(event_json)
+        .filter_map(|e| {
+            let d = &e["data"];
+            match e["type"].as_str()? {
+                "step/start" => Some(json!(["step", d["step"]])),
+                "request/header" => {
+                    let names: Vec<&str> = d["header"]["tools"]
+                        .as_array()?
+                        .iter()
+                        .filter_map(|t| t["name"].as_str())
+                        .collect();
+                    Some(json!(["header", d["reason"], names]))
+                }
+                "tool/call" => Some(json!(["call", d["name"]])),
+                "tool/result" => {
+                    let block = &d["message"]["content"][0];
+                    Some(json!([
+                        "result",
+                        block["content"][0]["text"],
+                        block["isError"]
+                    ]))
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    let before = json!(["chg__add_tool", "chg__remove_tool"]);
+    let with_greet = json!(["chg__add_tool", "chg__greet", "chg__remove_tool"]);
+    assert_eq!(
+        seen,
+        vec![
+            json!(["step", 1]),
+            json!(["header", "initial", before]),
+            json!(["call", "chg__add_tool"]),
+            json!(["result", "added greet", false]),
+            json!(["step", 2]),
+            json!(["header", "change", with_greet]),
+            json!(["call", "chg__greet"]),
+            json!(["result", "greet says hi", false]),
+            json!(["step", 3]),
+            json!(["call", "chg__remove_tool"]),
+            json!(["result", "removed greet", false]),
+            json!(["step", 4]),
+            json!(["header", "change", before]),
+        ]
+    );
+    let last = log.last().map(event_json).expect("a log");
+    assert_eq!(last["data"]["reason"], json!({"kind": "completed"}));
+}

@@ -5,17 +5,18 @@
 //! names them), its stderr discarded (so it cannot write over `chat`), `kill_on_drop`, and a
 //! parent-death signal, so it dies with `dsh` even when `dsh` is killed with SIGKILL.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 
-use rmcp::model::Tool as RmcpTool;
-use rmcp::service::{NotificationContext, RunningService};
+use rmcp::model::{JsonRpcMessage, ServerNotification, Tool as RmcpTool};
+use rmcp::service::{NotificationContext, RunningService, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess, Transport};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 
-use crate::config::{API_KEY_VARIABLES, ServerConfig, Transport};
+use crate::config::{API_KEY_VARIABLES, ServerConfig, Transport as Via};
+use crate::server::McpServer;
 
 /// The most tools taken from one server (the rest are left out with a warning).
 pub const TOOLS_MAX: usize = 512;
@@ -37,16 +38,59 @@ pub struct McpToolInfo {
     pub read_only: bool,
 }
 
-/// The client side of a connection: it notes `notifications/tools/list_changed`.
+/// The client side of a connection. A `notifications/tools/list_changed` is noted twice: at once by
+/// the transport (`Watched`, in the order messages arrive, so before the answer to a call during
+/// which the server changed its list), and by this handler, which re-reads the list in the
+/// background when the change came outside a call.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Handler {
     /// Set when the server said its tool list changed; cleared when the list is read again.
     pub(crate) list_changed: Arc<AtomicBool>,
+    /// The server, told to re-read its list.
+    pub(crate) server: Weak<McpServer>,
 }
 
 impl ClientHandler for Handler {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.list_changed.store(true, Ordering::Release);
+        if let Some(server) = self.server.upgrade() {
+            server.sync_tools_now().await;
+        }
+    }
+}
+
+/// A transport that notes `notifications/tools/list_changed` as it reads it, before anything after
+/// it (the answer to the call that changed the list) reaches a caller.
+struct Watched<T> {
+    inner: T,
+    list_changed: Arc<AtomicBool>,
+}
+
+impl<T: Transport<RoleClient>> Transport<RoleClient> for Watched<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        let message = self.inner.receive().await;
+        if let Some(JsonRpcMessage::Notification(n)) = &message
+            && matches!(
+                n.notification,
+                ServerNotification::ToolListChangedNotification(_)
+            )
+        {
+            self.list_changed.store(true, Ordering::Release);
+        }
+        message
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
     }
 }
 
@@ -79,9 +123,12 @@ pub enum ConnectError {
 }
 
 /// Opens a connection to `config`'s server and reads its tools, within the startup timeout.
-pub(crate) async fn connect(config: &ServerConfig) -> Result<Opened, ConnectError> {
+pub(crate) async fn connect(
+    config: &ServerConfig,
+    server: Weak<McpServer>,
+) -> Result<Opened, ConnectError> {
     let limit = config.startup_timeout;
-    match tokio::time::timeout(limit, open_and_list(config)).await {
+    match tokio::time::timeout(limit, open_and_list(config, server)).await {
         Ok(result) => result,
         Err(_) => Err(ConnectError::Timeout(limit.as_millis())),
     }
@@ -99,11 +146,18 @@ pub(crate) struct Opened {
     pub(crate) pid: Option<u32>,
 }
 
-async fn open_and_list(config: &ServerConfig) -> Result<Opened, ConnectError> {
-    let handler = Handler::default();
+async fn open_and_list(
+    config: &ServerConfig,
+    server: Weak<McpServer>,
+) -> Result<Opened, ConnectError> {
+    let handler = Handler {
+        list_changed: Arc::default(),
+        server,
+    };
+
     let mut pid = None;
     let service = match &config.transport {
-        Transport::Stdio {
+        Via::Stdio {
             command,
             args,
             env,
@@ -132,11 +186,14 @@ async fn open_and_list(config: &ServerConfig) -> Result<Opened, ConnectError> {
             pid = transport.id();
             handler
                 .clone()
-                .serve(transport)
+                .serve(Watched {
+                    inner: transport,
+                    list_changed: Arc::clone(&handler.list_changed),
+                })
                 .await
                 .map_err(|e| ConnectError::Handshake(e.to_string()))?
         }
-        Transport::Http {
+        Via::Http {
             url,
             bearer_token_env,
         } => {
@@ -152,7 +209,10 @@ async fn open_and_list(config: &ServerConfig) -> Result<Opened, ConnectError> {
             let transport = StreamableHttpClientTransport::from_config(http);
             handler
                 .clone()
-                .serve(transport)
+                .serve(Watched {
+                    inner: transport,
+                    list_changed: Arc::clone(&handler.list_changed),
+                })
                 .await
                 .map_err(|e| ConnectError::Handshake(e.to_string()))?
         }
