@@ -5,7 +5,8 @@
 //!
 //! Covered: a scripted model calling MCP tools (the exact `tool/call` / `tool/result` sequence in
 //! the log), `dsh run` offering MCP tools, `dsh mcp list` (text and JSON), and a bad entry in
-//! `dsh.toml` as one error line naming the key.
+//! `dsh.toml` as one error line naming the key; a tool list the server changes mid-turn (a fixture
+//! server), and a `dsh` killed with SIGKILL taking its servers' whole process groups with it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -451,4 +452,81 @@ async fn a_tool_the_server_adds_mid_turn_is_offered_from_the_next_step_with_a_ch
     );
     let last = log.last().map(event_json).expect("a log");
     assert_eq!(last["data"]["reason"], json!({"kind": "completed"}));
+}
+
+/// Whether `pid` still runs (a zombie waiting for a reaper counts as gone).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name in parentheses, which may itself hold spaces.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn a_dsh_killed_with_sigkill_takes_its_servers_and_what_they_started_with_it() {
+    let Some((node, index)) = everything() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let pids = tmp.path().join("pids");
+    // The server starts a child of its own first (as `npx` starts `node`): a `sleep` that neither
+    // reads its input nor gets the parent-death signal, so only the process group's watcher can
+    // end it. `$$` is the server's pid after `exec`.
+    let toml = format!(
+        "[mcp_servers.every]\ncommand = \"sh\"\nargs = [\"-c\", {}, {}, {}, {}]\n",
+        json!("sleep 600 & echo $$ $! > \"$2\"; exec \"$0\" \"$1\" stdio"),
+        json!(node),
+        json!(index),
+        json!(pids.to_string_lossy())
+    );
+    std::fs::write(tmp.path().join("dsh.toml"), toml).expect("write dsh.toml");
+    let bin = std::env::var_os("DSH_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_dsh")));
+    let mut chat = Command::new(bin)
+        .args(["chat", "--provider", "sim", "--session", "s1"])
+        .current_dir(tmp.path())
+        .env_remove("DSH_CONFIG")
+        .env_remove("DSH_DATA_DIR")
+        .env_remove("DSH_PROVIDER")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start dsh chat");
+    // The bounds below are hang guards, not timing assertions.
+    let started = std::time::Instant::now();
+    let written = loop {
+        if let Ok(text) = std::fs::read_to_string(&pids)
+            && text.ends_with('\n')
+        {
+            break text;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the server never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let pids: Vec<u32> = written
+        .split_whitespace()
+        .map(|p| p.parse().expect("a pid"))
+        .collect();
+    assert_eq!(pids.len(), 2, "{written}");
+    assert!(pids.iter().all(|&p| alive(p)), "both run before the kill");
+    chat.kill().expect("SIGKILL dsh");
+    let _ = chat.wait();
+    let killed = std::time::Instant::now();
+    while pids.iter().any(|&p| alive(p)) {
+        assert!(
+            killed.elapsed() < std::time::Duration::from_secs(60),
+            "still running after dsh was killed: {:?}",
+            pids.iter().filter(|&&p| alive(p)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }

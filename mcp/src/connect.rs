@@ -3,7 +3,10 @@
 //!
 //! A stdio server is started with dsh's API keys removed from its environment (unless its entry
 //! names them), its stderr discarded (so it cannot write over `chat`), `kill_on_drop`, and a
-//! parent-death signal, so it dies with `dsh` even when `dsh` is killed with SIGKILL.
+//! parent-death signal, so it dies with `dsh` even when `dsh` is killed with SIGKILL. What it starts
+//! in turn (`npx` → `node`, `sh -c` → anything) dies too: the server runs in a process group led by a
+//! watcher (`Group`) that kills the group when `dsh` dies, and the group is killed when the
+//! connection is dropped (stop, restart, host shutdown).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -144,6 +147,8 @@ pub(crate) struct Opened {
     pub(crate) handler: Handler,
     /// The process id of a stdio server.
     pub(crate) pid: Option<u32>,
+    /// The process group of a stdio server; dropping it kills the group.
+    pub(crate) group: Option<Group>,
 }
 
 async fn open_and_list(
@@ -154,6 +159,7 @@ async fn open_and_list(
         list_changed: Arc::default(),
         server,
     };
+    let mut group = None;
 
     let mut pid = None;
     let service = match &config.transport {
@@ -175,6 +181,10 @@ async fn open_and_list(
                 cmd.current_dir(dir);
             }
             die_with_parent(&mut cmd);
+            group = Group::start();
+            // A group of its own when the watcher could not start (it is then unwatched, but still
+            // killed as a group on drop).
+            cmd.process_group(group.as_ref().map_or(0, |g| g.pgid));
             let spawn_err = |e: std::io::Error| ConnectError::Spawn {
                 command: command.clone(),
                 cause: e.to_string(),
@@ -184,6 +194,11 @@ async fn open_and_list(
                 .spawn()
                 .map_err(spawn_err)?;
             pid = transport.id();
+            if group.is_none() {
+                group = pid
+                    .and_then(|p| i32::try_from(p).ok())
+                    .map(Group::unwatched);
+            }
             handler
                 .clone()
                 .serve(Watched {
@@ -223,6 +238,7 @@ async fn open_and_list(
         tools,
         handler,
         pid,
+        group,
     })
 }
 
@@ -301,5 +317,68 @@ fn die_with_parent(cmd: &mut tokio::process::Command) {
             }
             Ok(())
         });
+    }
+}
+
+/// The process group a stdio server runs in, led by a watcher that kills the group when `dsh`
+/// dies: the parent-death signal reaches only the server's own process, not what it starts. The
+/// watcher (`sh`) reads a pipe whose only writer is `lifeline`, held by `dsh`; when `dsh` exits,
+/// however it exits, the kernel closes it, the read ends and the watcher runs `kill -KILL 0`. The
+/// watcher starts first, so the server never runs unwatched. Dropping a `Group` kills the group.
+///
+/// What cannot be contained: a process that leaves the group (`setsid`, `setpgid`) or double-forks
+/// out of it.
+pub(crate) struct Group {
+    /// The group's id (the watcher's pid, or the server's when there is no watcher).
+    pgid: i32,
+    /// The watcher; reaped by tokio once dropped.
+    _watcher: Option<tokio::process::Child>,
+    /// The write end of the watcher's pipe.
+    _lifeline: Option<std::io::PipeWriter>,
+}
+
+impl Group {
+    /// Starts the watcher in a new process group; `None` when it cannot start (out of processes,
+    /// no pipe).
+    fn start() -> Option<Group> {
+        let (reader, lifeline) = std::io::pipe().ok()?;
+        let watcher = tokio::process::Command::new("sh")
+            .args(["-c", "read -r _; kill -KILL 0"])
+            .stdin(std::process::Stdio::from(reader))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .ok()?;
+        let pgid = i32::try_from(watcher.id()?).ok()?;
+        Some(Group {
+            pgid,
+            _watcher: Some(watcher),
+            _lifeline: Some(lifeline),
+        })
+    }
+
+    /// The group the server leads itself (no watcher).
+    fn unwatched(pgid: i32) -> Group {
+        Group {
+            pgid,
+            _watcher: None,
+            _lifeline: None,
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.pgid) {
+            // ESRCH (the group is already gone) is the expected outcome after a clean exit.
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group").field("pgid", &self.pgid).finish()
     }
 }

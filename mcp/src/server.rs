@@ -74,6 +74,9 @@ struct Known {
     pid: Option<u32>,
     /// Held while the tool list is read again, so a caller that saw the change waits for it.
     relisting: tokio::sync::Mutex<()>,
+    /// A stdio server's process group, killed when the connection is dropped. Declared last: it
+    /// drops after the service, so the server first sees its input close.
+    _group: Option<connect::Group>,
 }
 
 enum State {
@@ -372,6 +375,7 @@ impl McpServer {
                         handler: opened.handler,
                         pid: opened.pid,
                         relisting: tokio::sync::Mutex::new(()),
+                        _group: opened.group,
                     },
                 });
                 self.set_tools(live.opened.tools.clone());
