@@ -530,3 +530,70 @@ fn a_dsh_killed_with_sigkill_takes_its_servers_and_what_they_started_with_it() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// An image result reaches the model as a text line (the data kept in the result's `meta`), so the
+/// OpenAI-compatible request built from the session afterwards is valid: an image block inside a
+/// tool result would be `UNSUPPORTED_CONTENT` on that text path, failing every later request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_result_leaves_the_session_sendable_to_an_openai_compatible_endpoint() {
+    let Some((node, index)) = everything() else {
+        return;
+    };
+    let scenario = Scenario::from_value(&json!({
+        "name": "an MCP image result",
+        "mcp_servers": {"every": {"command": node, "args": [index, "stdio"]}},
+        "model": [
+            {"tool_calls": [{"id": "c1", "name": "every__get-tiny-image", "arguments": "{}"}]},
+            {"text": "a logo"}
+        ],
+        "actions": [{"followup": "show me", "id": "m1"}, {"wait_idle": true}]
+    }))
+    .expect("a valid scenario");
+    let log = dsh_cli::scenario::run_scenario(&scenario)
+        .await
+        .expect("the scenario runs");
+    let result = log
+        .iter()
+        .map(event_json)
+        .find(|e| e["type"] == "tool/result")
+        .expect("a tool result");
+    let block = &result["data"]["message"]["content"][0];
+    assert_eq!(block["isError"], false);
+    let content = block["content"].as_array().expect("content");
+    assert_eq!(content.len(), 1, "{content:?}");
+    assert_eq!(content[0]["type"], "text");
+    let text = content[0]["text"].as_str().expect("text");
+    assert!(text.contains("[image image/png, "), "{text}");
+    let session = dsh::session::Session::from_events(
+        dsh::SessionId::new("img").expect("id"),
+        log.clone(),
+    )
+    .expect("the log folds");
+    let request = dsh::llm::types::LlmRequest {
+        config: dsh::llm::types::LlmCallConfig {
+            provider: "openai".into(),
+            model: "deepseek-chat".into(),
+            ..Default::default()
+        },
+        system: None,
+        tools: Vec::new(),
+        messages: session.derive_messages(),
+        session_id: None,
+    };
+    let body = dsh::llm::openai::serialize_request(&Default::default(), &request)
+        .expect("the request after an image result is valid on the text path");
+    let body: Value = serde_json::from_slice(&body).expect("JSON");
+    let tool_message = body["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("the tool message");
+    assert_eq!(tool_message["tool_call_id"], "c1");
+    assert!(
+        tool_message["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("[image image/png, ")),
+        "{tool_message}"
+    );
+}
