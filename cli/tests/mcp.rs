@@ -564,11 +564,9 @@ async fn an_image_result_leaves_the_session_sendable_to_an_openai_compatible_end
     assert_eq!(content[0]["type"], "text");
     let text = content[0]["text"].as_str().expect("text");
     assert!(text.contains("[image image/png, "), "{text}");
-    let session = dsh::session::Session::from_events(
-        dsh::SessionId::new("img").expect("id"),
-        log.clone(),
-    )
-    .expect("the log folds");
+    let session =
+        dsh::session::Session::from_events(dsh::SessionId::new("img").expect("id"), log.clone())
+            .expect("the log folds");
     let request = dsh::llm::types::LlmRequest {
         config: dsh::llm::types::LlmCallConfig {
             provider: "openai".into(),
