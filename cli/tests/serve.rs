@@ -229,6 +229,13 @@ async fn bad_input_is_refused_naming_the_field() {
             "field `message`",
         ),
         (
+            // A message's own keys are strict (server input is not a log): the unknown key is named.
+            json!({"message": {"id": "x", "role": "user", "content": [{"type": "text", "text": "a"}], "source": {"kind": "user"}, "metadata": {}}}),
+            400,
+            "bad_request",
+            "field `message`: unknown field `metadata`",
+        ),
+        (
             json!({"text": "x".repeat(1_100_000)}),
             413,
             "too_large",
