@@ -11,6 +11,7 @@
 
 mod chat;
 mod check;
+mod compact;
 pub mod config;
 mod live;
 mod mcp;
@@ -93,6 +94,20 @@ pub enum Command {
     Mcp(McpArgs),
     /// Serve the HTTP API and web page of SPEC §13 over a host of agents.
     Serve(serve::ServeArgs),
+    /// Compact a stored session's history by hand (SPEC §15): summarise its older messages into a
+    /// checkpoint; the log keeps every event.
+    Compact(CompactArgs),
+}
+
+/// The session and flags of `dsh compact`.
+#[derive(Debug, Clone, Args)]
+pub struct CompactArgs {
+    /// The session id.
+    pub id: String,
+    /// Answer the summariser from this file (a JSON array of scenario `model` entries) with the
+    /// script provider.
+    #[arg(long, value_name = "FILE")]
+    pub script: Option<PathBuf>,
 }
 
 /// Flags of `dsh sim`.
@@ -176,6 +191,9 @@ pub struct AgentArgs {
     /// 600000, or `retry_timeout_ms` in dsh.toml).
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     pub retry_timeout_ms: Option<u64>,
+    /// Only open a stored session (`dsh compact`): a missing one is an error, never created.
+    #[arg(skip)]
+    pub existing: bool,
 }
 
 /// Flags of `dsh chat`.
@@ -336,5 +354,6 @@ async fn dispatch(command: Command, config: Config) -> Result<ExitCode, CliError
         Command::Sim(args) => sim::run(&args, &config, &mut std::io::stdout()).await,
         Command::Mcp(args) => mcp::run(args, config).await,
         Command::Serve(args) => serve::run(args, config).await,
+        Command::Compact(args) => compact::run(args, config).await,
     }
 }
