@@ -166,6 +166,10 @@ pub struct SimArgs {
     /// Start each agent after a random delay below this many milliseconds (0 = all at once).
     #[arg(long, default_value_t = 0)]
     pub ramp_ms: u64,
+    /// Give every agent this context window (in estimated tokens) so its history compacts
+    /// (SPEC §15); the report counts compactions. Unset: no automatic compaction.
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub context_window: Option<u64>,
 }
 
 /// The flags of the one agent `dsh chat` and `dsh run` drive: which session, which provider and

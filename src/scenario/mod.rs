@@ -73,6 +73,10 @@ pub const WRITTEN_EVENT_TYPES: &[&str] = &[
     "llm/retry",
     "llm/retry-started",
     "session/end-seed",
+    "compaction/start",
+    "compaction/summary",
+    "compaction/end",
+    "compaction/prune",
 ];
 
 /// How long one action may take unless the scenario says otherwise.
@@ -173,6 +177,9 @@ pub struct AgentSection {
     pub tool_grace_ms: Option<u64>,
     /// How long one tool call may run (no bound when unset). Invariant: at least 1 when set.
     pub tool_timeout_ms: Option<u64>,
+    /// `agent.compaction` (an extension, SPEC §15): `context_window`, `threshold_ratio`,
+    /// `retain_ratio`, `auto`. Invariant: valid (`CompactionSettings::validate`).
+    pub compaction: crate::session::compaction::CompactionSettings,
 }
 
 impl Default for AgentSection {
@@ -184,6 +191,7 @@ impl Default for AgentSection {
             system: None,
             tool_grace_ms: None,
             tool_timeout_ms: None,
+            compaction: crate::session::compaction::CompactionSettings::default(),
         }
     }
 }
@@ -343,6 +351,9 @@ pub enum Action {
     WaitIdle,
     /// Stop the agent and resume it from its stored log.
     Restart,
+    /// Compact the history by hand (an extension, SPEC §15): only while idle; done once the
+    /// compaction's `compaction/start` is durable (its end comes before the agent is idle again).
+    Compact,
 }
 
 impl fmt::Display for Action {
@@ -362,6 +373,7 @@ impl fmt::Display for Action {
             Action::WaitFor { kind, count } => write!(f, "wait_for {count} {kind}"),
             Action::WaitIdle => write!(f, "wait_idle"),
             Action::Restart => write!(f, "restart"),
+            Action::Compact => write!(f, "compact"),
         }
     }
 }

@@ -544,6 +544,8 @@ impl AgentCore {
     /// Writes `compaction/end` and continues what the trigger interrupted.
     fn end_compaction(&mut self, c: Compaction, error: Option<String>, now: i64) {
         let succeeded = error.is_none();
+        self.effects
+            .push(Effect::CompactionEnded { failed: !succeeded });
         self.append(
             EventDraft::log(
                 CompactionEvent::End(CompactionEnd {
@@ -611,6 +613,7 @@ impl AgentCore {
         {
             self.effects.push(Effect::CancelStream { ticket: c.ticket });
         }
+        self.effects.push(Effect::CompactionEnded { failed: true });
         let failure = LlmFailure::new(codes::ABORTED, "the compaction was cancelled");
         let error = Some(error_chain("cancelled", &failure));
         self.append(

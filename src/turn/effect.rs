@@ -114,6 +114,11 @@ pub enum Effect {
         /// The start, or why nothing started.
         result: Result<super::CompactionStarted, super::CompactRefusal>,
     },
+    /// A compaction ended (its `compaction/end` is appended), for reports.
+    CompactionEnded {
+        /// It ended with an `error` (the history unchanged).
+        failed: bool,
+    },
     /// The agent cannot continue (its log could not be read back): stop and restart from the store.
     Fatal {
         /// Why, for the supervisor's log.

@@ -258,7 +258,10 @@ impl Harness {
         }
         match effect {
             Effect::Notify(e) => self.live.push(e),
-            Effect::NewCancelToken | Effect::CancelToken | Effect::TurnEnded { .. } => {}
+            Effect::NewCancelToken
+            | Effect::CancelToken
+            | Effect::TurnEnded { .. }
+            | Effect::CompactionEnded { .. } => {}
             Effect::LoadLog { ticket } => self.loads.push(ticket),
             Effect::RunHooks(HookCall::PreStep {
                 ticket,

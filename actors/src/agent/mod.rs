@@ -253,6 +253,10 @@ impl AgentActor {
                 self.runtime.metrics.turn_ended();
             }
             Effect::CompactionStarted { result } => Self::compaction_started(state, result),
+            Effect::CompactionEnded { failed } => {
+                debug!(agent = %state.id(), failed, "compaction ended");
+                self.runtime.metrics.compaction_ended(failed);
+            }
             Effect::Fatal { reason } => {
                 return Err(format!("agent {}: {reason}", state.id()).into());
             }
