@@ -314,9 +314,7 @@ pub fn estimate_block(block: &ContentBlock) -> u64 {
             name, arguments, ..
         } => estimate_text(name) + estimate_text(arguments),
         ContentBlock::ToolResult { content, .. } => content.iter().map(estimate_block).sum(),
-        ContentBlock::Other(map) => {
-            estimate_text(&serde_json::to_string(map).unwrap_or_default())
-        }
+        ContentBlock::Other(map) => estimate_text(&serde_json::to_string(map).unwrap_or_default()),
     }
 }
 
@@ -343,7 +341,12 @@ pub fn measure(session: &Session) -> u64 {
                     .sum()
             })
     });
-    envelope + session.messages().iter().map(|m| estimate_message(m)).sum::<u64>()
+    envelope
+        + session
+            .messages()
+            .iter()
+            .map(|m| estimate_message(m))
+            .sum::<u64>()
 }
 
 // -------------------------------------------------------------------------------------------------
@@ -450,7 +453,10 @@ pub struct PrunePlan {
 pub fn prune_text(text: &str) -> String {
     let n = text.chars().count();
     let head: String = text.chars().take(PRUNE_HEAD_CHARS).collect();
-    let tail: String = text.chars().skip(n.saturating_sub(PRUNE_TAIL_CHARS)).collect();
+    let tail: String = text
+        .chars()
+        .skip(n.saturating_sub(PRUNE_TAIL_CHARS))
+        .collect();
     format!("{head}{PRUNE_MARKER}{tail}")
 }
 
@@ -490,11 +496,13 @@ pub fn plan_prunes(session: &Session) -> Vec<(u64, PrunePlan)> {
         let EventData::ToolResult(r) = &event.data else {
             continue;
         };
-        let [ContentBlock::ToolResult {
-            tool_call_id,
-            content,
-            is_error,
-        }] = r.message.content.as_slice()
+        let [
+            ContentBlock::ToolResult {
+                tool_call_id,
+                content,
+                is_error,
+            },
+        ] = r.message.content.as_slice()
         else {
             continue;
         };

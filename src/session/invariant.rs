@@ -198,7 +198,9 @@ impl Tracker {
             CompactionEvent::Summary(summary) => {
                 let open = self.matching("compaction/summary", &summary.compaction_id)?;
                 if open.source_command_id != summary.source_command_id {
-                    return Err("compaction/summary sourceCommandId does not match its start".into());
+                    return Err(
+                        "compaction/summary sourceCommandId does not match its start".into(),
+                    );
                 }
                 if open.summarised {
                     return Err(format!(

@@ -156,12 +156,9 @@ impl AgentCore {
     }
 
     fn start_manual(&mut self, now: i64) {
-        let retain = self.compaction_window().map(|_| {
-            self.config
-                .compaction
-                .retain_tokens()
-                .unwrap_or_default()
-        });
+        let retain = self
+            .compaction_window()
+            .map(|_| self.config.compaction.retain_tokens().unwrap_or_default());
         let Some(plan) = plan_head(self.session_ref(), retain) else {
             self.effects.push(Effect::CompactionStarted {
                 result: Err(CompactRefusal::NothingToCompact),
@@ -360,7 +357,8 @@ impl AgentCore {
             );
             return self.fail_compaction("summary", failure, now);
         }
-        let ready = matches!(&c.summariser, Summariser::Checkpoint { through, .. } if *through < durable);
+        let ready =
+            matches!(&c.summariser, Summariser::Checkpoint { through, .. } if *through < durable);
         if !ready {
             return;
         }
@@ -433,7 +431,13 @@ impl AgentCore {
     /// The summariser's stream ended; without a finish chunk that is a failure.
     pub(super) fn on_summary_stream_end(&mut self, now: i64) {
         let unfinished = self.compaction.as_ref().is_some_and(|c| {
-            matches!(c.summariser, Summariser::Streaming { finished: false, .. })
+            matches!(
+                c.summariser,
+                Summariser::Streaming {
+                    finished: false,
+                    ..
+                }
+            )
         });
         if unfinished {
             let failure = LlmFailure::new(
@@ -568,10 +572,8 @@ impl AgentCore {
                 self.run_mut().stage = Stage::Transition;
                 if !succeeded
                     && attempt < PRESSURE_ATTEMPTS_MAX
-                    && let Some(plan) = plan_head(
-                        self.session_ref(),
-                        self.config.compaction.retain_tokens(),
-                    )
+                    && let Some(plan) =
+                        plan_head(self.session_ref(), self.config.compaction.retain_tokens())
                 {
                     let turn = self.run_mut().turn;
                     let trigger = Trigger::Pressure {

@@ -38,9 +38,9 @@ use std::sync::Arc;
 
 use serde_json::Number;
 
+use self::compaction::Compaction;
 pub use self::compaction::{CompactRefusal, CompactionStarted};
 pub use self::effect::{Effect, HookCall, ResolvedProvider, ResolvedTool};
-use self::compaction::Compaction;
 use self::request::Attempt;
 use self::tools::ToolBatch;
 use crate::hooks::HookPoints;

@@ -813,11 +813,7 @@ impl AgentActor {
 
     /// Starts a manual compaction if the agent is idle; the caller is answered when the core
     /// reports the start (`compaction_started`).
-    fn compact(
-        state: &mut AgentState,
-        reply: Reply<Result<CompactReceipt, InputError>>,
-        now: i64,
-    ) {
+    fn compact(state: &mut AgentState, reply: Reply<Result<CompactReceipt, InputError>>, now: i64) {
         if let Some(reason) = &state.failed {
             let refused = InputError::Failed {
                 id: state.id().clone(),

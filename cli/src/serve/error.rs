@@ -94,7 +94,6 @@ impl ApiError {
         )
     }
 
-
     /// The answer for a store failure.
     pub fn from_store(e: &StoreError) -> ApiError {
         match e {

@@ -17,13 +17,20 @@ fn msg(id: &str, role: Role, content: Vec<ContentBlock>, source: MessageSource) 
 }
 
 fn user(id: &str, text: &str) -> Message {
-    msg(id, Role::User, vec![ContentBlock::text(text)], MessageSource::user())
+    msg(
+        id,
+        Role::User,
+        vec![ContentBlock::text(text)],
+        MessageSource::user(),
+    )
 }
 
 fn session_of(messages: Vec<EventData>) -> Session {
     let mut s = Session::new(SessionId::new("s").unwrap());
     s.append(
-        EventDraft::log(EventData::TurnStart(crate::session::event::TurnStart { turn: 1 })),
+        EventDraft::log(EventData::TurnStart(crate::session::event::TurnStart {
+            turn: 1,
+        })),
         0,
     )
     .unwrap();
@@ -37,7 +44,12 @@ fn assistant(id: &str, content: Vec<ContentBlock>) -> EventData {
     EventData::AssistantMessage(Box::new(crate::session::event::AssistantMessageEvent {
         turn: 1,
         step: 1,
-        message: Arc::new(msg(id, Role::Assistant, content, MessageSource::model("p", "m"))),
+        message: Arc::new(msg(
+            id,
+            Role::Assistant,
+            content,
+            MessageSource::model("p", "m"),
+        )),
         usage: None,
         interrupted: None,
     }))
@@ -79,7 +91,12 @@ fn estimates_count_code_points_by_fours_plus_a_message_overhead() {
     // The original's snapshot: a 1,031-character prompt is priced 266.
     let prompt = user("u", &"z".repeat(1031));
     assert_eq!(estimate_message(&prompt), 266);
-    let a = msg("a", Role::Assistant, vec![ContentBlock::text("hi"), call("c1")], MessageSource::model("p", "m"));
+    let a = msg(
+        "a",
+        Role::Assistant,
+        vec![ContentBlock::text("hi"), call("c1")],
+        MessageSource::model("p", "m"),
+    );
     // 8 + "hi" 1 + "echo" 1 + "{}" 1
     assert_eq!(estimate_message(&a), 11);
 }
@@ -108,7 +125,10 @@ fn the_head_never_splits_a_call_from_its_result_and_keeps_the_newest_unit() {
 fn pruning_keeps_head_and_tail_code_points_and_is_idempotent() {
     let text: String = "é".repeat(5000) + &"b".repeat(5000);
     let cut = prune_text(&text);
-    assert_eq!(cut, format!("{}{PRUNE_MARKER}{}", "é".repeat(4096), "b".repeat(1024)));
+    assert_eq!(
+        cut,
+        format!("{}{PRUNE_MARKER}{}", "é".repeat(4096), "b".repeat(1024))
+    );
     assert!(cut.chars().count() <= PRUNE_THRESHOLD_CHARS);
     let s = session_of(vec![
         assistant("a1", vec![call("c1")]),
@@ -139,7 +159,9 @@ fn the_summary_keeps_only_non_blank_text() {
     let ok = summary_outcome(
         &FinishReason::Stop,
         vec![
-            ContentBlock::Reasoning { text: "think".into() },
+            ContentBlock::Reasoning {
+                text: "think".into(),
+            },
             ContentBlock::text("sum"),
         ],
     );

@@ -87,7 +87,10 @@ fn manual_compaction_writes_the_bracket_and_replaces_the_head() {
         .collect();
     let d = data(&e[1]);
     assert_eq!(d["compactionId"], json!(id));
-    assert_eq!(d["summary"], json!([{"type": "text", "text": "the summary"}]));
+    assert_eq!(
+        d["summary"],
+        json!([{"type": "text", "text": "the summary"}])
+    );
     assert_eq!(d["llmStreamCall"], json!(true));
     assert_eq!(d["shadowedSeqs"], json!(shadowed));
     assert_eq!(
@@ -214,11 +217,9 @@ fn long_prompt() -> String {
 
 #[test]
 fn pressure_compacts_before_the_step_and_enters_it_afterwards() {
-    let mut h = with_settings(
-        vec![text("one"), text("S"), text("two")],
-        &[],
-        |s| s.context_window = Some(200),
-    );
+    let mut h = with_settings(vec![text("one"), text("S"), text("two")], &[], |s| {
+        s.context_window = Some(200)
+    });
     h.followup(&long_prompt());
     h.followup("second");
     let skeleton = h.skeleton();
@@ -275,7 +276,10 @@ fn pressure_prunes_large_tool_results_first() {
     h.pump();
     h.followup("more");
     let kinds = kinds_from(&h, "compaction/prune");
-    assert_eq!(kinds[..3], ["compaction/prune", "tool/result", "step/start"]);
+    assert_eq!(
+        kinds[..3],
+        ["compaction/prune", "tool/result", "step/start"]
+    );
     let prune = h
         .events()
         .iter()
@@ -311,7 +315,10 @@ fn pressure_prunes_large_tool_results_first() {
             "y".repeat(1024)
         )
     );
-    assert!(!h.kinds().contains(&"compaction/start"), "pruning was enough");
+    assert!(
+        !h.kinds().contains(&"compaction/start"),
+        "pruning was enough"
+    );
     h.check();
 }
 
@@ -339,8 +346,16 @@ fn overflow_compacts_inside_the_step_and_retries_once() {
     want.extend(["assistant/chunk"; 6]);
     want.extend(["assistant/message", "step/end", "turn/end"]);
     assert_eq!(kinds, want);
-    let at = h.kinds().iter().position(|k| *k == "compaction/start").unwrap();
-    assert_eq!(h.kinds()[at - 1], "assistant/chunk", "after the failed attempt");
+    let at = h
+        .kinds()
+        .iter()
+        .position(|k| *k == "compaction/start")
+        .unwrap();
+    assert_eq!(
+        h.kinds()[at - 1],
+        "assistant/chunk",
+        "after the failed attempt"
+    );
     assert_eq!(data(&h.events()[at])["turn"], json!(2));
     // Everything but the newest unit (the prompt "more") is shadowed.
     assert_eq!(
@@ -366,11 +381,9 @@ fn overflow_without_a_head_to_compact_fails_as_before() {
 
 #[test]
 fn a_cancel_during_a_pressure_compaction_ends_it_and_the_turn() {
-    let mut h = with_settings(
-        vec![text("one"), Reply::Hang(vec![])],
-        &[],
-        |s| s.context_window = Some(200),
-    );
+    let mut h = with_settings(vec![text("one"), Reply::Hang(vec![])], &[], |s| {
+        s.context_window = Some(200)
+    });
     h.followup(&long_prompt());
     h.followup("second");
     assert!(h.hanging.is_some());
@@ -385,11 +398,9 @@ fn a_cancel_during_a_pressure_compaction_ends_it_and_the_turn() {
 
 #[test]
 fn a_crash_between_start_and_end_leaves_a_stale_lock_after_the_end_seed() {
-    let mut h = with_settings(
-        vec![text("one"), Reply::Hang(vec![])],
-        &[],
-        |s| s.context_window = Some(200),
-    );
+    let mut h = with_settings(vec![text("one"), Reply::Hang(vec![])], &[], |s| {
+        s.context_window = Some(200)
+    });
     h.followup(&long_prompt());
     h.followup("second");
     // The crash: the log as stored ends with the unmatched compaction/start of turn 2.
