@@ -70,7 +70,7 @@ enum Summariser {
         request: Box<LlmRequest>,
     },
     Streaming {
-        assembler: BlockAssembler,
+        assembler: Box<BlockAssembler>,
         n_bytes: usize,
         finished: bool,
     },
@@ -367,7 +367,7 @@ impl AgentCore {
         } = mem::replace(
             &mut c.summariser,
             Summariser::Streaming {
-                assembler: BlockAssembler::new(),
+                assembler: Box::new(BlockAssembler::new()),
                 n_bytes: 0,
                 finished: false,
             },
