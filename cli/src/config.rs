@@ -159,7 +159,6 @@ struct CompactionFile {
 }
 
 const KEYS: [&str; 12] = [
-    "compaction",
     "data_dir",
     "provider",
     "base_url",
@@ -171,6 +170,7 @@ const KEYS: [&str; 12] = [
     "openai",
     "retry_timeout_ms",
     "mcp_servers",
+    "compaction",
 ];
 
 impl Config {
@@ -508,7 +508,7 @@ idle_timeout_ms = 5000
         let cases = [
             (
                 "modle = \"x\"",
-                "unknown key `modle` (known keys: data_dir, provider, base_url, model, max_tokens, system, shell, sim, openai, retry_timeout_ms, mcp_servers)",
+                "unknown key `modle` (known keys: data_dir, provider, base_url, model, max_tokens, system, shell, sim, openai, retry_timeout_ms, mcp_servers, compaction)",
             ),
             (
                 "max_tokens = \"ten\"",
@@ -538,6 +538,10 @@ idle_timeout_ms = 5000
             (
                 "[sim]\nreply_tokens_min = 9\nreply_tokens_max = 2",
                 "key `sim`: reply_tokens_min 9 is above reply_tokens_max 2",
+            ),
+            (
+                "[compaction]\nthreshold_ratio = 1.5",
+                "key `compaction`: threshold_ratio must be in (0, 1], got 1.5",
             ),
         ];
         for (text, want) in cases {
