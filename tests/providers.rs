@@ -70,6 +70,7 @@ fn request(text: &str) -> LlmRequest {
         tools: vec![],
         messages: vec![user(text)],
         session_id: Some(SessionId::new("s1").expect("id")),
+        purpose: None,
     }
 }
 
@@ -1327,6 +1328,7 @@ async fn live_deepseek_tool_round_trip() {
         tools: vec![tool],
         messages: vec![user("What is the weather in Paris right now?")],
         session_id: None,
+        purpose: None,
     };
     let first = collect(&p, r.clone()).await;
     assert_eq!(

@@ -577,6 +577,7 @@ async fn an_image_result_leaves_the_session_sendable_to_an_openai_compatible_end
         tools: Vec::new(),
         messages: session.derive_messages(),
         session_id: None,
+        purpose: None,
     };
     let body = dsh::llm::openai::serialize_request(&Default::default(), &request)
         .expect("the request after an image result is valid on the text path");

@@ -113,6 +113,7 @@ impl AgentCore {
             tools,
             messages,
             session_id: Some(self.id.clone()),
+            purpose: None,
         };
         // Checkpoint: everything before the request is durable before it is dispatched.
         let through = self.next_seq() - 1;
@@ -194,6 +195,9 @@ impl AgentCore {
 
     /// One chunk of attempt `ticket`.
     pub fn on_chunk(&mut self, ticket: u64, chunk: StreamChunk, now: i64) {
+        if self.is_summariser(ticket) {
+            return self.on_summary_chunk(chunk, now);
+        }
         let Phase::Running(run) = &mut self.phase else {
             return;
         };
@@ -262,6 +266,9 @@ impl AgentCore {
 
     /// Attempt `ticket`'s stream ended (after its finish chunk, or without one).
     pub fn on_stream_end(&mut self, ticket: u64, now: i64) {
+        if self.is_summariser(ticket) {
+            return self.on_summary_stream_end(now);
+        }
         if self.awaiting(|s| matches!(s, Stage::Streaming(a) if a.ticket == ticket && !a.finished))
         {
             self.complete_attempt(now);
@@ -452,27 +459,15 @@ impl AgentCore {
         };
         let finish = attempt.assembler.finish();
         if let Some(failure) = finish.failure() {
-            let ticket = self.ticket();
-            let retries = self.step_retries();
-            let run = self.run_mut();
-            let (turn, step) = (run.turn, run.step);
-            run.stage = Stage::Recovery {
-                ticket,
-                failure: failure.clone(),
-                provider: attempt.provider.clone(),
-            };
-            if !self.hook_points().request_error {
-                return self.on_recovery(ticket, Ok(Recovery::Delegate), now);
+            // Overflow recovery (compaction) comes before the `request_error` hooks.
+            if let Some((failure, provider, retry_policy)) = self.compact_on_overflow(
+                failure.clone(),
+                attempt.provider,
+                attempt.retry_policy,
+                now,
+            ) {
+                self.recover(failure, provider, retry_policy, now);
             }
-            self.effects.push(Effect::RunHooks(HookCall::RequestError {
-                ticket,
-                turn,
-                step,
-                provider: attempt.provider,
-                retry_policy: attempt.retry_policy,
-                failure: failure.clone(),
-                retries,
-            }));
             return;
         }
         let content = match attempt.assembler.blocks() {
@@ -519,6 +514,37 @@ impl AgentCore {
         } else {
             self.start_tools(calls, now);
         }
+    }
+
+    /// A failed attempt goes to the `request_error` hooks (or, without any, fails the turn).
+    pub(super) fn recover(
+        &mut self,
+        failure: LlmFailure,
+        provider: String,
+        retry_policy: Option<RetryPolicy>,
+        now: i64,
+    ) {
+        let ticket = self.ticket();
+        let retries = self.step_retries();
+        let run = self.run_mut();
+        let (turn, step) = (run.turn, run.step);
+        run.stage = Stage::Recovery {
+            ticket,
+            failure: failure.clone(),
+            provider: provider.clone(),
+        };
+        if !self.hook_points().request_error {
+            return self.on_recovery(ticket, Ok(Recovery::Delegate), now);
+        }
+        self.effects.push(Effect::RunHooks(HookCall::RequestError {
+            ticket,
+            turn,
+            step,
+            provider,
+            retry_policy,
+            failure,
+            retries,
+        }));
     }
 
     /// The turn was aborted while attempt `attempt` streamed: close the stream and log what arrived

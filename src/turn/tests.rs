@@ -12,6 +12,8 @@ use crate::session::event::HeaderReason;
 use crate::session::invariant;
 use crate::tools::{ToolArgs, ToolInvocation, ToolOutput};
 
+mod compaction;
+
 fn user(text: &str) -> Message {
     Message::user_text(MessageId::mint(), text)
 }
@@ -187,6 +189,8 @@ struct Harness {
     concluding: Vec<String>,
     /// The hook points run, in order.
     hook_runs: Vec<String>,
+    /// The answers to `compact_now`, in order.
+    compactions: Vec<Result<CompactionStarted, CompactRefusal>>,
 }
 
 impl Harness {
@@ -225,6 +229,7 @@ impl Harness {
             tool_contexts: Vec::new(),
             concluding: Vec::new(),
             hook_runs: Vec::new(),
+            compactions: Vec::new(),
         }
     }
 
@@ -253,7 +258,10 @@ impl Harness {
         }
         match effect {
             Effect::Notify(e) => self.live.push(e),
-            Effect::NewCancelToken | Effect::CancelToken | Effect::TurnEnded { .. } => {}
+            Effect::NewCancelToken
+            | Effect::CancelToken
+            | Effect::TurnEnded { .. }
+            | Effect::CompactionEnded { .. } => {}
             Effect::LoadLog { ticket } => self.loads.push(ticket),
             Effect::RunHooks(HookCall::PreStep {
                 ticket,
@@ -337,6 +345,7 @@ impl Harness {
                 let a = self.turn_stopping.pop_front().unwrap_or_default();
                 self.core.on_turn_stopping(ticket, Ok(a), 0);
             }
+            Effect::CompactionStarted { result } => self.compactions.push(result),
             Effect::Fatal { reason } => panic!("fatal: {reason}"),
         }
     }

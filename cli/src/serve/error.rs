@@ -94,11 +94,6 @@ impl ApiError {
         )
     }
 
-    /// 501 `not_implemented`.
-    pub fn not_implemented(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_IMPLEMENTED, "not_implemented", message)
-    }
-
     /// The answer for a store failure.
     pub fn from_store(e: &StoreError) -> ApiError {
         match e {
@@ -156,6 +151,9 @@ impl ApiError {
                 format!("session {id} already exists"),
             ),
             InputError::Busy { .. } => ApiError::new(StatusCode::CONFLICT, "busy", e.to_string()),
+            InputError::NotCompacted { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "nothing_to_compact", e.to_string())
+            }
             InputError::Failed { .. } | InputError::Store { .. } => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_unavailable",

@@ -136,6 +136,10 @@ pub struct SimReport {
     pub turns_started_by_steer: u64,
     /// `turn/end` reasons of the observed agents, by kind.
     pub turn_ends: BTreeMap<String, u64>,
+    /// Compactions that ended during the run, over all agents (`--context-window`, SPEC §15).
+    pub compactions: u64,
+    /// Of those, the ones that failed (logged, the history unchanged).
+    pub compactions_failed: u64,
     /// How many agents were observed (step, steer and turn-end figures come from them).
     pub observed_agents: usize,
     /// Observations the host-wide observer missed (its samples are then incomplete).
@@ -204,6 +208,8 @@ impl SimReport {
             turns_started_by_followup: observed.turns_started_by_followup,
             turns_started_by_steer: observed.turns_started_by_steer,
             turn_ends: observed.turn_ends,
+            compactions: turns.compactions.0,
+            compactions_failed: turns.compactions.1,
             observed_agents: plan.observe_agents,
             observer_lagged: observed.lagged,
             config: plan.clone(),
@@ -345,6 +351,13 @@ impl SimReport {
             self.observed_agents,
             ends.join(", ")
         )?;
+        if let Some(window) = self.config.context_window {
+            writeln!(
+                out,
+                "  compactions: {} ({} failed), context window {window} tokens",
+                self.compactions, self.compactions_failed
+            )?;
+        }
         if self.observer_lagged > 0 {
             writeln!(
                 out,

@@ -290,6 +290,7 @@ mod tests {
             tools: vec![],
             messages,
             session_id: None,
+            purpose: None,
         }
     }
 

@@ -223,6 +223,7 @@ mod tests {
             tools: vec![],
             messages: vec![],
             session_id: None,
+            purpose: None,
         }
     }
 

@@ -18,4 +18,6 @@ mod request;
 pub use chunk::{BlockType, FinishReason, StreamChunk, TokenUsage};
 pub use failure::{LlmFailure, codes};
 pub use message::{ContentBlock, Message, MessageSource, Role, ToolCallBlock, UserMessage};
-pub use request::{AdapterDefaults, LlmCallConfig, LlmRequest, RequestHeader, ToolSchema};
+pub use request::{
+    AdapterDefaults, LlmCallConfig, LlmRequest, RequestHeader, RequestPurpose, ToolSchema,
+};

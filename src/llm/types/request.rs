@@ -137,4 +137,14 @@ pub struct LlmRequest {
     pub messages: Vec<Arc<Message>>,
     /// The session the request is made for, if any (the simulator mixes it into its seed).
     pub session_id: Option<SessionId>,
+    /// Why an auxiliary one-shot request is made (`None`: a loop request). The OpenAI-compatible
+    /// provider marks a compaction request on the wire (`x-deepseek-harness-compact: 1`).
+    pub purpose: Option<RequestPurpose>,
+}
+
+/// What an auxiliary (non-loop) request is for (`reference/session-llm.md` §6.3 `purpose`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestPurpose {
+    /// The compaction summariser (§8.4).
+    Compaction,
 }
