@@ -114,7 +114,10 @@ fn repair_closer_id_cuts_multi_byte_characters_whole() {
     );
     // Control characters are dropped and do not use room.
     let controls = format!("\u{1}{}", "c".repeat(ROOM));
-    assert_eq!(closer_id(&controls), format!("{PREFIX}{}-3", "c".repeat(ROOM)));
+    assert_eq!(
+        closer_id(&controls),
+        format!("{PREFIX}{}-3", "c".repeat(ROOM))
+    );
 }
 
 #[test]
@@ -135,7 +138,9 @@ fn checker_llm_retry_must_name_the_open_step() {
         let no_step = check(&log(&[ts(1), ss(1, 1), se(1, 1), event(1, 1)])).unwrap_err();
         assert_eq!(no_step.seq, 3);
         assert!(
-            no_step.reason.ends_with("for turn 1/step 1 with no open step"),
+            no_step
+                .reason
+                .ends_with("for turn 1/step 1 with no open step"),
             "{}",
             no_step.reason
         );
