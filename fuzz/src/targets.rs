@@ -167,8 +167,14 @@ pub fn serve_body(data: &[u8]) {
         return;
     };
     match which % 3 {
-        0 => drop(parse::<CreateSession>(body)),
-        1 => drop(parse::<InputBody>(body)),
-        _ => drop(parse::<CancelBody>(body)),
+        0 => {
+            let _ = parse::<CreateSession>(body);
+        }
+        1 => {
+            let _ = parse::<InputBody>(body);
+        }
+        _ => {
+            let _ = parse::<CancelBody>(body);
+        }
     }
 }
