@@ -591,7 +591,7 @@ fn provider_fault_schedules() {
                 ),
             }
             let n = done.fetch_add(1, Ordering::Relaxed) + 1;
-            if n % 500 == 0 {
+            if n.is_multiple_of(500) {
                 eprintln!(
                     "fault schedules: {n} done, {} requests, {:.0} s",
                     total.requests,
