@@ -300,6 +300,16 @@ fn read_file(path: &Path, explicit: bool) -> Result<FileConfig, CliError> {
     parse(&text, base).map_err(fail)
 }
 
+/// Parses the text of a `dsh.toml` exactly as `dsh` reads one (relative paths against `base`), and
+/// returns only the verdict: the entry point of the `dsh_toml` fuzz target and its corpus replay.
+///
+/// # Errors
+/// The one-line reason `dsh` would print.
+#[doc(hidden)]
+pub fn check_file_text(text: &str, base: &Path) -> Result<(), String> {
+    parse(text, base).map(|_| ())
+}
+
 /// Parses the text of a configuration file; relative paths are taken relative to `base`.
 fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
     let table = parse_toml(text)?;

@@ -474,6 +474,17 @@ impl AgentCore {
             Ok(blocks) => blocks,
             Err(e) => return self.fail_turn(LlmFailure::new(codes::UNKNOWN, e.to_string()), now),
         };
+        // A tool call needs an id to be answered by: a provider that streamed one without (a broken
+        // or hostile server) gave a malformed response, not a call to run.
+        if content.iter().any(
+            |b| matches!(b, crate::llm::types::ContentBlock::ToolCall { id, .. } if id.is_empty()),
+        ) {
+            let failure = LlmFailure::new(
+                codes::MALFORMED_RESPONSE,
+                "the model's response has a tool call without an id",
+            );
+            return self.fail_turn(failure, now);
+        }
         let mut source = MessageSource::model(&attempt.provider, &attempt.model);
         if let Some(state) = attempt.assembler.replay_state() {
             source = source.with("replayState", state);
