@@ -46,7 +46,7 @@ use crate::ids::{MessageId, MessageIds, SessionId};
 use crate::inbox::{AdmitError, Inbox};
 use crate::limits::Limits;
 use crate::llm::provider::ProviderRegistry;
-use crate::llm::types::{LlmFailure, LlmRequest, Message, codes};
+use crate::llm::types::{History, LlmFailure, LlmRequest, Message, codes};
 use crate::session::event::{
     CancelCause, Event, EventData, InboxSpliced, InboxTarget, StepRef, TurnEnd, TurnEndReason,
     TurnStart,
@@ -223,7 +223,7 @@ enum Stage {
     },
     Request {
         ticket: u64,
-        messages: Vec<Arc<Message>>,
+        messages: History,
     },
     Checkpoint {
         through: u64,
