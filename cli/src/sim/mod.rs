@@ -325,7 +325,15 @@ async fn simulate(
         )?)),
         None => SimStore::Memory(Arc::new(MemoryStore::new())),
     };
-    let result = simulate_on(&plan, &store, progress).await;
+    let mut result = simulate_on(&plan, &store, progress).await;
+    if let (Some(dir), Ok(report)) = (&run_dir, &mut result) {
+        // One sync timed on the same disk, right after the run, to set the syncs per turn against.
+        let path = dir.path.clone();
+        report.sync_ms = tokio::task::spawn_blocking(move || sync_time(&path))
+            .await
+            .ok()
+            .and_then(Result::ok);
+    }
     if let SimStore::Sqlite(s) = &store {
         s.close().await?;
     }
