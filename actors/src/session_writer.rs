@@ -7,6 +7,10 @@
 //! `WriterFailed` (the agent then refuses input: after a failed sync nothing later can be trusted to
 //! be durable) — and only then tells the writer it may start the next batch (`Flushed`).
 //!
+//! A panic inside the store's `append` is caught in the append task and reported as a failed append
+//! (`StoreError::Io`), so the agent fails with a clear error instead of waiting for an
+//! acknowledgement that never comes.
+//!
 //! An append in flight holds the agent's write fence (lent by its registry slot), so a restart can
 //! wait for it before reading the log back: no late write can land after the new instance loaded the
 //! log. The writer knows nothing else of the slot.
@@ -14,7 +18,8 @@
 use std::sync::Arc;
 
 use dsh::SessionId;
-use dsh::session::store::{EncodedEvent, SessionStore};
+use dsh::session::store::{EncodedEvent, SessionStore, StoreError};
+use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::task::JoinHandle;
 use tracing::debug;
@@ -96,7 +101,18 @@ async fn append(
 ) -> bool {
     let through_seq = batch.last().map_or(0, |e| e.seq + 1);
     let n = batch.len() as u64;
-    match store.append(id, batch).await {
+    // A store that panics is a failed append, not a lost one: without this the task died silently,
+    // `Flushed` never came, and the agent waited for `Durable` forever (every later input hung).
+    let outcome = std::panic::AssertUnwindSafe(store.append(id, batch))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| {
+            Err(StoreError::Io {
+                op: "append",
+                cause: format!("the store panicked: {}", panic_text(&*panic)),
+            })
+        });
+    match outcome {
         Ok(()) => {
             metrics.events_durable(n);
             // A stopped agent no longer waits for acknowledgements: nothing to tell.
@@ -108,6 +124,17 @@ async fn append(
             let _ = agent.cast(AgentMsg::WriterFailed { error });
             false
         }
+    }
+}
+
+/// The text of a panic payload.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s
+    } else {
+        "no message"
     }
 }
 

@@ -62,6 +62,8 @@ mod vfs;
 mod writer;
 
 pub use self::read::{DamagedSession, Survey};
+#[cfg(feature = "fault-injection")]
+pub use self::vfs::{IoOp, IoRecord, WriteFault};
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
@@ -114,6 +116,9 @@ pub struct SqliteConfig {
     /// (`SqliteStore::faults`). Off in production; needs a build with the `fault-injection` feature
     /// (`open` refuses it otherwise).
     pub fault_injection: bool,
+    /// With `fault_injection`: record every write, truncate and sync SQLite issues, from the open on
+    /// (`FaultInjector::record`), to replay power losses. Off in production.
+    pub record_io: bool,
 }
 
 impl Default for SqliteConfig {
@@ -125,6 +130,7 @@ impl Default for SqliteConfig {
             readers_idle_max: 4,
             checkpoint_after_bytes: 16 << 20,
             fault_injection: false,
+            record_io: false,
         }
     }
 }
@@ -189,6 +195,39 @@ impl FaultInjector {
     /// `xSync` calls waiting right now because syncs are held.
     pub fn n_syncs_waiting(&self) -> u64 {
         self.vfs.n_syncs_waiting()
+    }
+
+    /// Fails every `xSync` from the `n`-th one (0-based, as counted by `n_syncs`) on; `u64::MAX`
+    /// stops failing them.
+    pub fn fail_syncs_from(&self, n: u64) {
+        self.vfs.set_fail_syncs_from(n);
+    }
+
+    /// Fails every `xWrite` from the `n`-th one (0-based, as counted by `n_writes`) on with `fault`;
+    /// `u64::MAX` stops failing them.
+    pub fn fail_writes_from(&self, n: u64, fault: WriteFault) {
+        self.vfs.set_fail_writes_from(n, fault);
+    }
+
+    /// `xWrite` calls so far (failed ones included).
+    pub fn n_writes(&self) -> u64 {
+        self.vfs.n_writes()
+    }
+
+    /// `xWrite` calls that were failed on purpose.
+    pub fn n_writes_failed(&self) -> u64 {
+        self.vfs.n_writes_failed()
+    }
+
+    /// Puts `mark` into the I/O record (`SqliteConfig::record_io`), between the operations issued
+    /// before and after this call; nothing without recording.
+    pub fn mark(&self, mark: u64) {
+        self.vfs.mark(mark);
+    }
+
+    /// A copy of the I/O record so far (`SqliteConfig::record_io`; empty without it).
+    pub fn record(&self) -> IoRecord {
+        self.vfs.record()
     }
 }
 

@@ -223,7 +223,8 @@ fn fault_vfs(config: &SqliteConfig) -> Result<Option<Vfs>, StoreError> {
         std::process::id(),
         N_VFS.fetch_add(1, Ordering::Relaxed)
     );
-    let vfs = super::vfs::FaultVfs::register(&name).map_err(|e| io_error("open", e))?;
+    let vfs =
+        super::vfs::FaultVfs::register(&name, config.record_io).map_err(|e| io_error("open", e))?;
     Ok(Some(Arc::new(vfs)))
 }
 

@@ -1,10 +1,22 @@
-//! A SQLite VFS that wraps the default (unix) VFS so that a test can make `xSync` fail or wait.
+//! A SQLite VFS that wraps the default (unix) VFS so that a test can make `xWrite` and `xSync` fail
+//! or wait, and can record every write, truncate and sync.
 //!
-//! Every call is forwarded unchanged to the wrapped VFS except `xSync`, which first counts the call,
-//! then blocks while syncs are *held* (`FaultInjector::hold_syncs`), then returns
-//! `SQLITE_IOERR_FSYNC` without syncing while syncs are *failing* (`FaultInjector::fail_syncs`). So
-//! SQLite itself sees a failed fsync exactly where a real disk would report one, and the store's
-//! poisoning path is exercised for real rather than simulated above SQLite.
+//! Every call is forwarded unchanged to the wrapped VFS except:
+//! - `xSync`, which first counts the call, then blocks while syncs are *held*
+//!   (`FaultInjector::hold_syncs`), then returns `SQLITE_IOERR_FSYNC` without syncing while syncs are
+//!   *failing* (`FaultInjector::fail_syncs`, or from the n-th sync on: `fail_syncs_from`);
+//! - `xWrite`, which counts the call and, from the n-th write on (`fail_writes_from`), returns
+//!   `SQLITE_FULL` (what the unix VFS reports for `ENOSPC`) or `SQLITE_IOERR_WRITE` (`EIO`) without
+//!   writing.
+//!
+//! So SQLite itself sees a failed write or fsync exactly where a real disk would report one, and the
+//! store's poisoning path is exercised for real rather than simulated above SQLite.
+//!
+//! Recording (`SqliteConfig::record_io`): every successful write, truncate and sync of a named file,
+//! every delete, and the test's own marks, in the order SQLite issued them (`IoRecord`). Replaying a
+//! prefix of it, keeping per file only what its last sync covered, gives the files as a power loss at
+//! that moment would leave them (`tests/power_loss.rs`). The `-shm` file is mapped, never written
+//! through `xWrite`, and SQLite rebuilds it after a crash, so it is not recorded.
 //!
 //! Layout: our `sqlite3_file` is a `ShimFile` (the `pMethods` header plus a pointer to the shared
 //! `Control`) immediately followed, at `REAL_OFFSET`, by the wrapped VFS's own file object; SQLite
@@ -18,9 +30,10 @@
 //! Used by `SqliteStore::open` when `SqliteConfig::fault_injection` is set. Compiled only with the
 //! `fault-injection` feature, which this package's tests enable and release builds do not.
 
-use std::ffi::{CString, c_char, c_int, c_void};
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::path::PathBuf;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use rusqlite::ffi;
@@ -37,11 +50,86 @@ pub enum VfsError {
     Register { name: String, code: c_int },
 }
 
+/// One recorded file operation (`IoRecord::ops`). `file` indexes `IoRecord::paths`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IoOp {
+    /// `data` written at `offset`.
+    Write {
+        /// Index into `IoRecord::paths`.
+        file: usize,
+        /// Byte offset.
+        offset: u64,
+        /// The bytes written.
+        data: Vec<u8>,
+    },
+    /// The file cut (or extended) to `size` bytes.
+    Truncate {
+        /// Index into `IoRecord::paths`.
+        file: usize,
+        /// The new size.
+        size: u64,
+    },
+    /// A successful `xSync`: everything written to the file before it is durable.
+    Sync {
+        /// Index into `IoRecord::paths`.
+        file: usize,
+    },
+    /// The file was deleted.
+    Delete {
+        /// Index into `IoRecord::paths`.
+        file: usize,
+    },
+    /// A mark the test put into the record (`FaultInjector::mark`), e.g. "input 7 acknowledged".
+    Mark(u64),
+}
+
+/// What the VFS recorded: the files it saw and every operation on them, in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IoRecord {
+    /// Every named file opened or deleted, each once.
+    pub paths: Vec<PathBuf>,
+    /// The operations, in the order SQLite issued them.
+    pub ops: Vec<IoOp>,
+}
+
+impl IoRecord {
+    fn file(&mut self, path: PathBuf) -> usize {
+        match self.paths.iter().position(|p| *p == path) {
+            Some(i) => i,
+            None => {
+                self.paths.push(path);
+                self.paths.len() - 1
+            }
+        }
+    }
+}
+
+/// How a failing write fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WriteFault {
+    /// `ENOSPC`: `SQLITE_FULL`.
+    DiskFull,
+    /// `EIO`: `SQLITE_IOERR_WRITE`.
+    Io,
+}
+
 /// State shared by the VFS, every file opened through it, and the `FaultInjector` handles.
 struct Control {
     /// The wrapped VFS. Invariant: SQLite's default VFS, which lives for the whole process.
     real: *mut ffi::sqlite3_vfs,
     fail_syncs: AtomicBool,
+    /// Syncs numbered from this one on (0-based, counted by `n_syncs`) fail; `u64::MAX`: none.
+    fail_syncs_from: AtomicU64,
+    /// Writes numbered from this one on (0-based, counted by `n_writes`) fail; `u64::MAX`: none.
+    fail_writes_from: AtomicU64,
+    /// The SQLite code a failing write returns.
+    write_fail_code: AtomicI32,
+    n_writes: AtomicU64,
+    n_writes_failed: AtomicU64,
+    /// `Some` while recording.
+    record: Mutex<Option<IoRecord>>,
     /// Whether syncs wait; guarded so that waiters can sleep on `released`.
     held: Mutex<bool>,
     released: Condvar,
@@ -51,6 +139,16 @@ struct Control {
 }
 
 impl Control {
+    /// Appends the op `make` builds for `path` (its index in the record) when recording.
+    fn record(&self, path: Option<&PathBuf>, make: impl FnOnce(usize) -> IoOp) {
+        let Some(path) = path else { return };
+        let mut record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(record) = record.as_mut() {
+            let file = record.file(path.clone());
+            record.ops.push(make(file));
+        }
+    }
+
     fn wait_while_held(&self) {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         if !*held {
@@ -96,7 +194,7 @@ impl FaultVfs {
     ///
     /// # Errors
     /// `VfsError` when SQLite has no default VFS or refuses the registration.
-    pub fn register(name: &str) -> Result<FaultVfs, VfsError> {
+    pub fn register(name: &str, record: bool) -> Result<FaultVfs, VfsError> {
         let name = CString::new(name).map_err(|_| VfsError::Register {
             name: name.to_string(),
             code: ffi::SQLITE_MISUSE,
@@ -118,6 +216,12 @@ impl FaultVfs {
         let control = Arc::new(Control {
             real,
             fail_syncs: AtomicBool::new(false),
+            fail_syncs_from: AtomicU64::new(u64::MAX),
+            fail_writes_from: AtomicU64::new(u64::MAX),
+            write_fail_code: AtomicI32::new(ffi::SQLITE_FULL),
+            n_writes: AtomicU64::new(0),
+            n_writes_failed: AtomicU64::new(0),
+            record: Mutex::new(record.then(IoRecord::default)),
             held: Mutex::new(false),
             released: Condvar::new(),
             n_syncs: AtomicU64::new(0),
@@ -189,6 +293,48 @@ impl FaultVfs {
         self.control.n_syncs.load(Ordering::SeqCst)
     }
 
+    pub fn set_fail_syncs_from(&self, n: u64) {
+        self.control.fail_syncs_from.store(n, Ordering::SeqCst);
+    }
+
+    pub fn set_fail_writes_from(&self, n: u64, fault: WriteFault) {
+        let code = match fault {
+            WriteFault::DiskFull => ffi::SQLITE_FULL,
+            WriteFault::Io => ffi::SQLITE_IOERR_WRITE,
+        };
+        self.control.write_fail_code.store(code, Ordering::SeqCst);
+        self.control.fail_writes_from.store(n, Ordering::SeqCst);
+    }
+
+    pub fn n_writes(&self) -> u64 {
+        self.control.n_writes.load(Ordering::SeqCst)
+    }
+
+    pub fn n_writes_failed(&self) -> u64 {
+        self.control.n_writes_failed.load(Ordering::SeqCst)
+    }
+
+    pub fn mark(&self, mark: u64) {
+        let mut record = self
+            .control
+            .record
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(record) = record.as_mut() {
+            record.ops.push(IoOp::Mark(mark));
+        }
+    }
+
+    /// The record so far (empty when not recording); recording goes on.
+    pub fn record(&self) -> IoRecord {
+        self.control
+            .record
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .unwrap_or_default()
+    }
+
     pub fn n_syncs_failed(&self) -> u64 {
         self.control.n_syncs_failed.load(Ordering::SeqCst)
     }
@@ -217,6 +363,43 @@ impl Drop for FaultVfs {
 struct ShimFile {
     base: ffi::sqlite3_file,
     control: *const Control,
+    /// The file's name when it has one and the VFS records; owned (`Box::into_raw`), freed by
+    /// `shim_close` or a failed `shim_open`.
+    path: *mut PathBuf,
+}
+
+impl ShimFile {
+    /// The recorded path of `file`, if any.
+    ///
+    /// # Safety
+    /// `file` must be one of our files that `shim_open` opened and `shim_close` has not closed.
+    unsafe fn path<'a>(file: *mut ffi::sqlite3_file) -> Option<&'a PathBuf> {
+        // SAFETY: per the contract, `path` is null or the live box `shim_open` leaked.
+        unsafe { (*file.cast::<ShimFile>()).path.as_ref() }
+    }
+}
+
+/// The path SQLite names a file by, when the VFS records and the name is present.
+///
+/// # Safety
+/// `name` must be null or a NUL-terminated string.
+unsafe fn recorded_path(control: &Control, name: *const c_char) -> Option<PathBuf> {
+    if name.is_null() {
+        return None;
+    }
+    let recording = control
+        .record
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .is_some();
+    if !recording {
+        return None;
+    }
+    // SAFETY: per the contract.
+    let name = unsafe { CStr::from_ptr(name) };
+    Some(PathBuf::from(
+        <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name.to_bytes()),
+    ))
 }
 
 /// Where the wrapped file object starts inside ours: after `ShimFile`, rounded up to 8 bytes (the
@@ -306,6 +489,7 @@ unsafe extern "C" fn shim_open(
         let shim = file.cast::<ShimFile>();
         (*shim).base.pMethods = ptr::null();
         (*shim).control = control_of(vfs);
+        (*shim).path = ptr::null_mut();
         let real_vfs = real_vfs(vfs);
         let real = real_file(file);
         (*real).pMethods = ptr::null();
@@ -315,14 +499,23 @@ unsafe extern "C" fn shim_open(
         let code = open(real_vfs, name, real, flags, out_flags);
         if !(*real).pMethods.is_null() {
             (*shim).base.pMethods = &SHIM_IO_METHODS;
+            if let Some(path) = recorded_path(control_of(vfs), name) {
+                (*shim).path = Box::into_raw(Box::new(path));
+            }
         }
         code
     }
 }
 
 unsafe extern "C" fn shim_close(file: *mut ffi::sqlite3_file) -> c_int {
-    // SAFETY: SQLite only calls our methods on files `shim_open` opened.
+    // SAFETY: SQLite only calls our methods on files `shim_open` opened, and calls xClose once; the
+    // path box is ours (`ShimFile::path`) and nothing uses it after this.
     unsafe {
+        let shim = file.cast::<ShimFile>();
+        if !(*shim).path.is_null() {
+            drop(Box::from_raw((*shim).path));
+            (*shim).path = ptr::null_mut();
+        }
         let (real, methods) = real_methods(file);
         match methods.xClose {
             Some(f) => f(real),
@@ -353,13 +546,30 @@ unsafe extern "C" fn shim_write(
     n: c_int,
     offset: ffi::sqlite3_int64,
 ) -> c_int {
-    // SAFETY: as `shim_read`.
+    // SAFETY: as `shim_sync` for `control`; SQLite hands us `n` readable bytes at `buf`, which are
+    // forwarded untouched and, when recording, copied.
     unsafe {
+        let control = &*(*file.cast::<ShimFile>()).control;
+        let nth = control.n_writes.fetch_add(1, Ordering::SeqCst);
+        if nth >= control.fail_writes_from.load(Ordering::SeqCst) {
+            control.n_writes_failed.fetch_add(1, Ordering::SeqCst);
+            return control.write_fail_code.load(Ordering::SeqCst);
+        }
         let (real, methods) = real_methods(file);
-        match methods.xWrite {
+        let code = match methods.xWrite {
             Some(f) => f(real, buf, n, offset),
             None => ffi::SQLITE_IOERR_WRITE,
+        };
+        if code == ffi::SQLITE_OK
+            && let (Ok(len), Ok(offset)) = (usize::try_from(n), u64::try_from(offset))
+        {
+            control.record(ShimFile::path(file), |file| IoOp::Write {
+                file,
+                offset,
+                data: std::slice::from_raw_parts(buf.cast::<u8>(), len).to_vec(),
+            });
         }
+        code
     }
 }
 
@@ -367,13 +577,20 @@ unsafe extern "C" fn shim_truncate(
     file: *mut ffi::sqlite3_file,
     size: ffi::sqlite3_int64,
 ) -> c_int {
-    // SAFETY: as `shim_close`.
+    // SAFETY: as `shim_sync`.
     unsafe {
+        let control = &*(*file.cast::<ShimFile>()).control;
         let (real, methods) = real_methods(file);
-        match methods.xTruncate {
+        let code = match methods.xTruncate {
             Some(f) => f(real, size),
             None => ffi::SQLITE_IOERR_TRUNCATE,
+        };
+        if code == ffi::SQLITE_OK
+            && let Ok(size) = u64::try_from(size)
+        {
+            control.record(ShimFile::path(file), |file| IoOp::Truncate { file, size });
         }
+        code
     }
 }
 
@@ -381,17 +598,23 @@ unsafe extern "C" fn shim_sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_
     // SAFETY: as `shim_close`; `control` was set by `shim_open` and outlives the file (module docs).
     unsafe {
         let control = &*(*file.cast::<ShimFile>()).control;
-        control.n_syncs.fetch_add(1, Ordering::SeqCst);
+        let nth = control.n_syncs.fetch_add(1, Ordering::SeqCst);
         control.wait_while_held();
-        if control.fail_syncs.load(Ordering::SeqCst) {
+        if control.fail_syncs.load(Ordering::SeqCst)
+            || nth >= control.fail_syncs_from.load(Ordering::SeqCst)
+        {
             control.n_syncs_failed.fetch_add(1, Ordering::SeqCst);
             return ffi::SQLITE_IOERR_FSYNC;
         }
         let (real, methods) = real_methods(file);
-        match methods.xSync {
+        let code = match methods.xSync {
             Some(f) => f(real, flags),
             None => ffi::SQLITE_IOERR_FSYNC,
+        };
+        if code == ffi::SQLITE_OK {
+            control.record(ShimFile::path(file), |file| IoOp::Sync { file });
         }
+        code
     }
 }
 
@@ -547,10 +770,16 @@ unsafe extern "C" fn shim_delete(
     // the wrapped VFS, which expects exactly them.
     unsafe {
         let real = real_vfs(vfs);
-        match (*real).xDelete {
+        let code = match (*real).xDelete {
             Some(f) => f(real, name, sync_dir),
             None => ffi::SQLITE_IOERR_DELETE,
+        };
+        if code == ffi::SQLITE_OK {
+            let control = control_of(vfs);
+            let path = recorded_path(control, name);
+            control.record(path.as_ref(), |file| IoOp::Delete { file });
         }
+        code
     }
 }
 
