@@ -575,7 +575,7 @@ async fn an_image_result_leaves_the_session_sendable_to_an_openai_compatible_end
         },
         system: None,
         tools: Vec::new(),
-        messages: session.derive_messages(),
+        messages: session.history(),
         session_id: None,
         purpose: None,
     };

@@ -585,7 +585,7 @@ pub fn summary_request(
         },
         system: header.and_then(|h| h.system.clone()),
         tools: header.and_then(|h| h.tools.clone()).unwrap_or_default(),
-        messages,
+        messages: messages.into(),
         session_id: Some(session.id().clone()),
         purpose: Some(RequestPurpose::Compaction),
     }

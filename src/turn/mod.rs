@@ -49,7 +49,7 @@ use crate::ids::{MessageId, MessageIds, SessionId};
 use crate::inbox::{AdmitError, Inbox};
 use crate::limits::Limits;
 use crate::llm::provider::ProviderRegistry;
-use crate::llm::types::{LlmFailure, LlmRequest, Message, codes};
+use crate::llm::types::{History, LlmFailure, LlmRequest, Message, codes};
 use crate::session::compaction::CompactionSettings;
 use crate::session::event::{
     CancelCause, Event, EventData, InboxSpliced, InboxTarget, StepRef, TurnEnd, TurnEndReason,
@@ -233,7 +233,7 @@ enum Stage {
     },
     Request {
         ticket: u64,
-        messages: Vec<Arc<Message>>,
+        messages: History,
     },
     Checkpoint {
         through: u64,

@@ -14,8 +14,8 @@ use crate::llm::assembler::BlockAssembler;
 use crate::llm::provider::{ModelInfo, Provider};
 use crate::llm::retry::{RetryPolicy, js_number};
 use crate::llm::types::{
-    AdapterDefaults, FinishReason, LlmCallConfig, LlmFailure, LlmRequest, Message, MessageSource,
-    RequestHeader, Role, StreamChunk, ToolSchema, codes,
+    AdapterDefaults, FinishReason, History, LlmCallConfig, LlmFailure, LlmRequest, Message,
+    MessageSource, RequestHeader, Role, StreamChunk, ToolSchema, codes,
 };
 use crate::session::event::{
     AssistantChunk, AssistantMessageEvent, EventData, HeaderReason, LlmRetry, LlmRetryStarted,
@@ -70,12 +70,7 @@ impl AgentCore {
 
     /// Resolves the route of `config`, logs the header and context it implies, and dispatches the
     /// request once everything before it is durable.
-    fn configure_request(
-        &mut self,
-        mut config: LlmCallConfig,
-        messages: Vec<Arc<Message>>,
-        now: i64,
-    ) {
+    fn configure_request(&mut self, mut config: LlmCallConfig, messages: History, now: i64) {
         if config.provider.is_empty() || config.model.is_empty() {
             let failure = LlmFailure::new(
                 codes::UNKNOWN,
@@ -382,7 +377,7 @@ impl AgentCore {
 
     /// Starts a request attempt in the entered step: the `request` hooks shape its configuration.
     pub(super) fn start_attempt(&mut self, now: i64) {
-        let messages = self.session_ref().derive_messages();
+        let messages = self.session_ref().history();
         let config = self.seed_config();
         let ticket = self.ticket();
         let run = self.run_mut();

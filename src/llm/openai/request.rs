@@ -288,7 +288,7 @@ mod tests {
             },
             system: None,
             tools: vec![],
-            messages,
+            messages: messages.into(),
             session_id: None,
             purpose: None,
         }
