@@ -9,6 +9,8 @@
 //! environment variable) and kills it at random moments.
 
 mod store_support;
+// The PostgreSQL store against a real server (skipped without one, outside CI).
+mod store_postgres;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Write};

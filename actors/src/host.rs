@@ -380,6 +380,10 @@ impl Host {
         self.registry
             .stop_agent(&record, false, self.config().stop_timeout)
             .await;
+        // Its writes are drained: a store with leases lets another node take the session now.
+        if let Err(e) = self.registry.runtime.store.release(id).await {
+            tracing::warn!(agent = %id, error = %e, "releasing the session's lease failed");
+        }
         Ok(())
     }
 

@@ -99,6 +99,9 @@ pub struct OpenAiTimeouts {
 pub struct Config {
     /// Where the store lives.
     pub data_dir: PathBuf,
+    /// The store URL of this command's `--store` / `DSH_STORE` (`Config::store_url`); `None`: the
+    /// SQLite store in `data_dir`.
+    pub store: Option<String>,
     /// `None`: the default, `openai`. Invariant: when set, one of `PROVIDERS`.
     pub provider: Option<String>,
     /// The OpenAI-compatible endpoint, when configured.
@@ -192,6 +195,7 @@ impl Config {
             .unwrap_or_else(|| PathBuf::from(".dsh"));
         Ok(Config {
             data_dir,
+            store: None,
             provider,
             base_url: flag(&global.base_url).or(file.base_url),
             model: flag(&global.model).or(file.model),
@@ -207,9 +211,59 @@ impl Config {
         })
     }
 
+    /// The store this command uses: `--store` / `DSH_STORE` when given, else the data directory.
+    ///
+    /// # Errors
+    /// `CliError::Usage`, one line, for a URL that is neither `sqlite:DIR` nor `postgres://…`.
+    pub fn store_url(&self) -> Result<StoreUrl, CliError> {
+        StoreUrl::parse(self.store.as_deref(), &self.data_dir)
+    }
+
     /// The provider in force: the configured one or `openai`.
     pub fn provider_name(&self) -> &str {
         self.provider.as_deref().unwrap_or("openai")
+    }
+}
+
+/// Where sessions are stored (`--store URL` / `DSH_STORE`, SPEC §13, §14).
+#[derive(Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    /// `sqlite:DIR` (an empty `DIR`, or no URL: the data directory).
+    Sqlite(PathBuf),
+    /// `postgres://…` or `postgresql://…`: several nodes on one database.
+    Postgres(String),
+}
+
+impl std::fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreUrl::Sqlite(dir) => write!(f, "sqlite:{}", dir.display()),
+            // The URL may carry a password.
+            StoreUrl::Postgres(_) => f.write_str("postgres://…"),
+        }
+    }
+}
+
+impl StoreUrl {
+    /// Parses a store URL; `None` or blank is the SQLite store in `data_dir`.
+    ///
+    /// # Errors
+    /// `CliError::Usage` for any other scheme.
+    pub fn parse(url: Option<&str>, data_dir: &Path) -> Result<StoreUrl, CliError> {
+        let Some(url) = url.map(str::trim).filter(|s| !s.is_empty()) else {
+            return Ok(StoreUrl::Sqlite(data_dir.to_path_buf()));
+        };
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(StoreUrl::Postgres(url.to_string()));
+        }
+        match url.strip_prefix("sqlite:") {
+            Some(dir) if !dir.is_empty() => Ok(StoreUrl::Sqlite(PathBuf::from(dir))),
+            Some(_) => Ok(StoreUrl::Sqlite(data_dir.to_path_buf())),
+            None => Err(CliError::Usage(format!(
+                "--store: `{}` is not a store URL: expected sqlite:DIR or postgres://…",
+                crate::text::echo(url)
+            ))),
+        }
     }
 }
 

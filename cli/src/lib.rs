@@ -23,7 +23,7 @@ pub mod serve;
 mod sessions;
 mod show;
 pub mod sim;
-mod stored;
+pub mod stored;
 pub mod text;
 pub mod tools;
 mod transfer;
@@ -107,7 +107,8 @@ pub struct SimArgs {
     /// Print one JSON object instead of the report.
     #[arg(long)]
     pub json: bool,
-    /// Store: sqlite or memory.
+    /// Store: sqlite, memory, or a PostgreSQL URL `postgres://…` (the run's sessions are deleted
+    /// afterwards unless `--keep-store`; the database must hold none of an earlier run).
     #[arg(long, default_value = "sqlite")]
     pub store: String,
     /// Model time to first token, in milliseconds.
@@ -176,6 +177,17 @@ pub struct AgentArgs {
     /// 600000, or `retry_timeout_ms` in dsh.toml).
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     pub retry_timeout_ms: Option<u64>,
+    /// The store.
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+/// Where a command's sessions are stored.
+#[derive(Debug, Clone, Default, Args)]
+pub struct StoreArgs {
+    /// Store: `sqlite:DIR` (default: the data directory) or `postgres://…` (SPEC §14).
+    #[arg(long, env = "DSH_STORE", value_name = "URL")]
+    pub store: Option<String>,
 }
 
 /// Flags of `dsh chat`.
@@ -202,6 +214,9 @@ pub struct SessionsArgs {
     /// Print JSON lines instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// The store.
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 /// The target and flags of `dsh show`.
@@ -212,6 +227,9 @@ pub struct ShowArgs {
     /// Print the raw events as JSON lines.
     #[arg(long)]
     pub raw: bool,
+    /// The store.
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 /// The target of `dsh check`.
@@ -219,6 +237,9 @@ pub struct ShowArgs {
 pub struct CheckArgs {
     /// A session id, or a file of DSH v0 JSON lines.
     pub target: String,
+    /// The store.
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 /// The session and flags of `dsh export`.
@@ -232,6 +253,9 @@ pub struct ExportArgs {
     /// Compress with zstd, as the original stores a log (`session.jsonl.zstd`).
     #[arg(long)]
     pub zstd: bool,
+    /// The store.
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 /// The file and flags of `dsh import`.
@@ -242,6 +266,9 @@ pub struct ImportArgs {
     /// Store it under this id instead of the one in its header.
     #[arg(long, value_name = "ID")]
     pub id: Option<String>,
+    /// The store.
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 /// `dsh scenario` and its subcommand.
@@ -321,7 +348,20 @@ pub fn main(cli: Cli, key: secret::StartupKey) -> ExitCode {
 /// How long the process waits at exit for blocking tasks still running.
 const RUNTIME_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
-async fn dispatch(command: Command, config: Config) -> Result<ExitCode, CliError> {
+async fn dispatch(command: Command, mut config: Config) -> Result<ExitCode, CliError> {
+    // The `--store` / `DSH_STORE` of the commands that open a store (`serve` and `sim` have
+    // their own).
+    config.store = match &command {
+        Command::Chat(ChatArgs { agent }) | Command::Run(RunArgs { agent, .. }) => {
+            agent.store.store.clone()
+        }
+        Command::Sessions(SessionsArgs { store, .. })
+        | Command::Show(ShowArgs { store, .. })
+        | Command::Check(CheckArgs { store, .. })
+        | Command::Export(ExportArgs { store, .. })
+        | Command::Import(ImportArgs { store, .. }) => store.store.clone(),
+        _ => None,
+    };
     match command {
         Command::Chat(args) => chat::run(args, config).await,
         Command::Run(args) => run::run(args, config).await,

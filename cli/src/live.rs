@@ -17,8 +17,6 @@ use dsh::llm::provider::{Provider, ProviderRegistry};
 use dsh::llm::retry::SequenceBound;
 use dsh::llm::script::{Gates, ScriptEntry, ScriptProvider};
 use dsh::llm::sim::SimProvider;
-use dsh::session::store::SessionStore;
-use dsh::session::store::sqlite::{SqliteConfig, SqliteStore};
 use dsh::turn::AgentConfig;
 
 use crate::retries::AnnouncedRetries;
@@ -46,7 +44,7 @@ pub struct LiveAgent {
     pub provider: String,
     /// The model id in use.
     pub model: String,
-    store: Arc<SqliteStore>,
+    store: crate::stored::Opened,
     /// The MCP servers whose tools the host offers; stopped with it.
     mcp: McpServers,
 }
@@ -239,16 +237,9 @@ async fn open_host(
     providers: ProviderRegistry,
     tools: dsh::tools::ToolRegistry,
     hooks: Hooks,
-) -> Result<(Host, Arc<SqliteStore>), CliError> {
-    let store = Arc::new(
-        SqliteStore::open(&config.data_dir, SqliteConfig::default()).map_err(|e| {
-            CliError::Failed(format!(
-                "cannot open the store in {}: {e}",
-                config.data_dir.display()
-            ))
-        })?,
-    );
-    let host = Host::builder(Arc::clone(&store) as Arc<dyn SessionStore>)
+) -> Result<(Host, crate::stored::Opened), CliError> {
+    let store = crate::stored::open(config).await?;
+    let host = Host::builder(store.shared())
         .providers(providers)
         .tools(tools)
         .hooks(hooks)

@@ -24,7 +24,7 @@ const PROMPT_SHOWN_MAX: usize = 50;
 /// # Errors
 /// `CliError::Failed` when the store cannot be opened or its session table cannot be read at all.
 pub async fn run(args: SessionsArgs, config: Config) -> Result<ExitCode, CliError> {
-    let Some(store) = open_existing(&config)? else {
+    let Some(store) = open_existing(&config).await? else {
         if !args.json {
             eprintln!("no sessions in {}", config.data_dir.display());
         }
@@ -114,7 +114,7 @@ struct Row {
 /// The readable sessions, and the damaged ones (id, why) — those the survey could not read and those
 /// whose log does not scan.
 async fn rows(
-    store: &dsh::session::store::sqlite::SqliteStore,
+    store: &crate::stored::Opened,
 ) -> Result<(Vec<Row>, Vec<(String, String)>), CliError> {
     let survey = store
         .survey()
@@ -127,7 +127,7 @@ async fn rows(
         .collect();
     let mut rows = Vec::with_capacity(survey.sessions.len());
     for s in survey.sessions {
-        let inspected = match inspect_stored(store, &s.header.id).await {
+        let inspected = match inspect_stored(store.store(), &s.header.id).await {
             Ok(inspected) => inspected,
             Err(e) => {
                 damaged.push((s.header.id.to_string(), e.to_string()));

@@ -1,6 +1,7 @@
 //! Reading stored sessions for the commands that only look (`sessions`, `show`, `check`, `export`):
 //! open the store only if one exists, and read a target that is either a session id or a file of
-//! DSH v0 JSON lines. Nothing here writes: the store is opened with `SqliteStore::open_read_only`
+//! DSH v0 JSON lines; and `Opened`, a store of either backend (`--store` / `DSH_STORE`). Nothing
+//! here writes: a SQLite store is opened with `SqliteStore::open_read_only`
 //! (SQLite's read-only mode, which never checkpoints nor deletes the `-wal` and `-shm` a crash left,
 //! and works on a store the user can only read), sessions are read with `SessionStore::inspect`
 //! (never `load`, which would append repair closers), and a missing data directory is not created.
@@ -8,6 +9,7 @@
 use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
+use std::sync::Arc;
 
 use dsh::SessionId;
 use dsh::limits::Limits;
@@ -16,55 +18,164 @@ use dsh::session::event::SessionHeader;
 use dsh::session::invariant;
 use dsh::session::repair::interrupted_turn_closers;
 use dsh::session::store::jsonl::{ImportOptions, import_with};
-use dsh::session::store::sqlite::{DB_FILE_NAME, SqliteConfig, SqliteStore};
+use dsh::session::store::postgres::{PostgresConfig, PostgresStore};
+use dsh::session::store::sqlite::{DB_FILE_NAME, SqliteConfig, SqliteStore, Survey};
 use dsh::session::store::{SessionStore, StoreError};
 
+use crate::config::StoreUrl;
 use crate::{CliError, Config};
 
-/// Opens the store in the configured data directory for reading, if one is there; `None` when there
-/// is none (so a read-only command leaves no directory behind). Reading needs no lock, so it works
-/// while a `chat` or `run` holds the store.
+/// An open store of either backend (`--store` / `DSH_STORE`, `Config::store_url`).
+#[derive(Clone)]
+pub enum Opened {
+    /// The SQLite store of a directory.
+    Sqlite(Arc<SqliteStore>),
+    /// A PostgreSQL database shared by several nodes.
+    Postgres(Arc<PostgresStore>),
+}
+
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Opened::Sqlite(s) => s.fmt(f),
+            Opened::Postgres(s) => s.fmt(f),
+        }
+    }
+}
+
+impl std::ops::Deref for Opened {
+    type Target = dyn SessionStore;
+
+    fn deref(&self) -> &(dyn SessionStore + 'static) {
+        match self {
+            Opened::Sqlite(s) => s.as_ref(),
+            Opened::Postgres(s) => s.as_ref(),
+        }
+    }
+}
+
+impl Opened {
+    /// The store as the runtime sees it.
+    pub fn store(&self) -> &dyn SessionStore {
+        match self {
+            Opened::Sqlite(s) => s.as_ref(),
+            Opened::Postgres(s) => s.as_ref(),
+        }
+    }
+
+    /// The store, shared, for a host.
+    pub fn shared(&self) -> Arc<dyn SessionStore> {
+        match self {
+            Opened::Sqlite(s) => Arc::clone(s) as Arc<dyn SessionStore>,
+            Opened::Postgres(s) => Arc::clone(s) as Arc<dyn SessionStore>,
+        }
+    }
+
+    /// Why the whole store refuses writes, if it does. A PostgreSQL store never does as a whole
+    /// (a failed commit poisons only its sessions).
+    pub fn poisoned(&self) -> Option<String> {
+        match self {
+            Opened::Sqlite(s) => s.poisoned().map(str::to_string),
+            Opened::Postgres(_) => None,
+        }
+    }
+
+    /// (commit groups, requests committed) so far.
+    pub fn commit_counts(&self) -> (u64, u64) {
+        match self {
+            Opened::Sqlite(s) => {
+                let stats = s.stats();
+                (stats.n_groups, stats.n_requests_committed)
+            }
+            Opened::Postgres(s) => {
+                let stats = s.stats();
+                (stats.n_groups, stats.n_requests_committed)
+            }
+        }
+    }
+
+    /// Every readable session, and the ones that cannot be read (SQLite's `survey`; a PostgreSQL
+    /// listing reports no damaged session).
+    ///
+    /// # Errors
+    /// The store's failure to list.
+    pub async fn survey(&self) -> Result<Survey, StoreError> {
+        match self {
+            Opened::Sqlite(s) => s.survey().await,
+            Opened::Postgres(s) => Ok(Survey {
+                sessions: s.list().await?,
+                damaged: Vec::new(),
+            }),
+        }
+    }
+
+    /// Commits what is queued and closes the store (a PostgreSQL store releases its leases).
+    ///
+    /// # Errors
+    /// The store's failure to close.
+    pub async fn close(&self) -> Result<(), StoreError> {
+        match self {
+            Opened::Sqlite(s) => s.close().await,
+            Opened::Postgres(s) => s.close().await,
+        }
+    }
+}
+
+/// Opens a PostgreSQL store for this command.
+async fn open_postgres(url: &str) -> Result<Opened, CliError> {
+    PostgresStore::open(url, PostgresConfig::default())
+        .await
+        .map(|s| Opened::Postgres(Arc::new(s)))
+        .map_err(|e| CliError::Failed(format!("cannot open the PostgreSQL store: {e}")))
+}
+
+/// Opens the configured store for reading, if one is there; `None` when there is none (so a
+/// read-only command leaves no directory behind). Reading needs no lock, so it works while a
+/// `chat` or `run` holds the store. A PostgreSQL store is always there (opening it migrates its
+/// schema if needed; nothing else is written).
 ///
 /// # Errors
-/// `CliError::Failed` when a store is there but cannot be opened.
-pub fn open_existing(config: &Config) -> Result<Option<SqliteStore>, CliError> {
-    if !config.data_dir.join(DB_FILE_NAME).is_file() {
-        if config.data_dir.exists() && !config.data_dir.is_dir() {
+/// `CliError::Usage` for a bad `--store`; `CliError::Failed` when a store is there but cannot be
+/// opened.
+pub async fn open_existing(config: &Config) -> Result<Option<Opened>, CliError> {
+    let dir = match config.store_url()? {
+        StoreUrl::Postgres(url) => return open_postgres(&url).await.map(Some),
+        StoreUrl::Sqlite(dir) => dir,
+    };
+    if !dir.join(DB_FILE_NAME).is_file() {
+        if dir.exists() && !dir.is_dir() {
             return Err(CliError::Failed(format!(
                 "the data directory {} is not a directory",
-                config.data_dir.display()
+                dir.display()
             )));
         }
         return Ok(None);
     }
-    SqliteStore::open_read_only(&config.data_dir, SqliteConfig::default())
-        .map(Some)
-        .map_err(|e| {
-            CliError::Failed(format!(
-                "cannot open the store in {}: {e}",
-                config.data_dir.display()
-            ))
-        })
+    SqliteStore::open_read_only(&dir, SqliteConfig::default())
+        .map(|s| Some(Opened::Sqlite(Arc::new(s))))
+        .map_err(|e| CliError::Failed(format!("cannot open the store in {}: {e}", dir.display())))
 }
 
-/// Opens (creating if needed) the store in the configured data directory.
+/// Opens (creating if needed) the configured store.
 ///
 /// # Errors
-/// `CliError::Failed` when the store cannot be opened.
-pub fn open(config: &Config) -> Result<SqliteStore, CliError> {
-    SqliteStore::open(&config.data_dir, SqliteConfig::default()).map_err(|e| {
-        CliError::Failed(format!(
-            "cannot open the store in {}: {e}",
-            config.data_dir.display()
-        ))
-    })
+/// `CliError::Usage` for a bad `--store`; `CliError::Failed` when the store cannot be opened.
+pub async fn open(config: &Config) -> Result<Opened, CliError> {
+    match config.store_url()? {
+        StoreUrl::Postgres(url) => open_postgres(&url).await,
+        StoreUrl::Sqlite(dir) => SqliteStore::open(&dir, SqliteConfig::default())
+            .map(|s| Opened::Sqlite(Arc::new(s)))
+            .map_err(|e| {
+                CliError::Failed(format!("cannot open the store in {}: {e}", dir.display()))
+            }),
+    }
 }
 
 /// Closes a store, reporting a failure as a `CliError`.
 ///
 /// # Errors
 /// `CliError::Failed` when the store did not close cleanly.
-pub async fn close(store: SqliteStore) -> Result<(), CliError> {
+pub async fn close(store: Opened) -> Result<(), CliError> {
     store
         .close()
         .await
@@ -107,13 +218,13 @@ pub async fn inspect_target(config: &Config, target: &str) -> Result<Inspected, 
             ))
         }
     })?;
-    let store = open_existing(config)?.ok_or_else(|| {
+    let store = open_existing(config).await?.ok_or_else(|| {
         CliError::Failed(format!(
             "session {id} not found (no store in {})",
             config.data_dir.display()
         ))
     })?;
-    let inspected = inspect_stored(&store, &id).await;
+    let inspected = inspect_stored(store.store(), &id).await;
     close(store).await?;
     inspected
 }
@@ -122,7 +233,10 @@ pub async fn inspect_target(config: &Config, target: &str) -> Result<Inspected, 
 ///
 /// # Errors
 /// `CliError::Failed` for an unknown or invalid session.
-pub async fn inspect_stored(store: &SqliteStore, id: &SessionId) -> Result<Inspected, CliError> {
+pub async fn inspect_stored(
+    store: &dyn SessionStore,
+    id: &SessionId,
+) -> Result<Inspected, CliError> {
     let inspection = store.inspect(id).await.map_err(|e| match e {
         StoreError::NotFound { id } => CliError::Failed(format!("session {id} not found")),
         e => CliError::Failed(format!("invalid: {e}")),

@@ -31,13 +31,13 @@ use crate::{CliError, Config, ExportArgs, ImportArgs};
 pub async fn export_cmd(args: ExportArgs, config: Config) -> Result<ExitCode, CliError> {
     let id = SessionId::new(&args.id)
         .map_err(|e| CliError::Usage(format!("invalid session id: {e}")))?;
-    let store = open_existing(&config)?.ok_or_else(|| {
+    let store = open_existing(&config).await?.ok_or_else(|| {
         CliError::Failed(format!(
             "session {id} not found (no store in {})",
             config.data_dir.display()
         ))
     })?;
-    let inspected = inspect_stored(&store, &id).await;
+    let inspected = inspect_stored(store.store(), &id).await;
     close(store).await?;
     let inspected = inspected?;
     let write = |header: &SessionHeader, events: &[Event], out: &mut dyn Write| {
@@ -148,8 +148,8 @@ pub async fn import_cmd(args: ImportArgs, config: Config) -> Result<ExitCode, Cl
             args.file.display()
         )));
     }
-    let store = open(&config)?;
-    let result = commit(&store, &imported.header, &imported.events).await;
+    let store = open(&config).await?;
+    let result = commit(store.store(), &imported.header, &imported.events).await;
     close(store).await?;
     result?;
     for c in &imported.conversions {
@@ -172,7 +172,7 @@ pub async fn import_cmd(args: ImportArgs, config: Config) -> Result<ExitCode, Cl
 }
 
 async fn commit(
-    store: &impl SessionStore,
+    store: &dyn SessionStore,
     header: &dsh::session::event::SessionHeader,
     events: &[dsh::session::Event],
 ) -> Result<(), CliError> {

@@ -757,6 +757,9 @@ impl AgentCore {
         run.step = proposed;
         run.step_open = true;
         let turn = run.turn;
+        // A tool source that changed since the last step (an MCP server's list) is taken in here,
+        // so the whole step — its header, its request, its calls — sees one tool set.
+        self.tools.refresh();
         self.append(
             EventDraft::log(EventData::StepStart(StepRef {
                 turn,

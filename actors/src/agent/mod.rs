@@ -853,6 +853,15 @@ impl AgentActor {
         }
         self.passivated
             .store(true, std::sync::atomic::Ordering::SeqCst);
+        // Every write is acknowledged: a store with leases gives the session's lease up (SPEC
+        // §14); a wake that appends again takes it back first.
+        let store = Arc::clone(&self.runtime.store);
+        let id = state.id().clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.release(&id).await {
+                warn!(agent = %id, error = %e, "releasing the session's lease failed");
+            }
+        });
         self.slot.passivate(core);
         state.passivated = true;
         state.myself.stop(Some("hibernated".into()));

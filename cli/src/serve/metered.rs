@@ -1,6 +1,6 @@
 //! `MeteredStore`: the store the server's host writes through, counting what became durable.
 //!
-//! It wraps the SQLite store and forwards every call. On the way it times each append (the store's
+//! It wraps the server's store (SQLite or PostgreSQL) and forwards every call. On the way it times each append (the store's
 //! commit latency as a writer sees it: queueing for the group commit plus the transaction and its
 //! fsync) and, for each committed batch, counts the `turn/end` events by reason and the provider
 //! failures the log records (every `llm/retry`'s failure and every `turn/end` `error`'s final one),
@@ -14,7 +14,6 @@ use std::time::Instant;
 use async_trait::async_trait;
 use dsh::SessionId;
 use dsh::session::event::{EventData, SessionHeader};
-use dsh::session::store::sqlite::SqliteStore;
 use dsh::session::store::{
     EncodedEvent, Inspection, LoadedSession, SessionStore, SessionSummary, StoreError,
 };
@@ -22,15 +21,15 @@ use serde_json::Value;
 
 use super::metrics::StoreFigures;
 
-/// The SQLite store with the server's store figures kept on every write.
+/// The server's store with its figures kept on every write.
 pub struct MeteredStore {
-    inner: Arc<SqliteStore>,
+    inner: Arc<dyn SessionStore>,
     figures: StoreFigures,
 }
 
 impl MeteredStore {
     /// Wraps `inner`, counting into `figures`.
-    pub fn new(inner: Arc<SqliteStore>, figures: StoreFigures) -> MeteredStore {
+    pub fn new(inner: Arc<dyn SessionStore>, figures: StoreFigures) -> MeteredStore {
         MeteredStore { inner, figures }
     }
 

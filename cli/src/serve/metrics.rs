@@ -226,9 +226,9 @@ fn raise(counter: &Counter, value: u64) {
 async fn refresh(state: &AppState, m: &ServerMetrics) {
     let host = state.host();
     raise(&m.events, host.metrics().events());
-    let stats = state.store().stats();
-    raise(&m.store_commits, stats.n_groups);
-    raise(&m.store_appends, stats.n_requests_committed);
+    let (n_groups, n_requests_committed) = state.store().commit_counts();
+    raise(&m.store_commits, n_groups);
+    raise(&m.store_appends, n_requests_committed);
     let (mut live, mut hibernated) = (0i64, 0i64);
     for id in host.list() {
         let Some(handle) = host.get(&id) else {

@@ -38,9 +38,9 @@ use dsh::hooks::Hooks;
 use dsh::llm::provider::ProviderRegistry;
 use dsh::llm::retry::RetryHook;
 use dsh::session::store::SessionStore;
-use dsh::session::store::sqlite::{SqliteConfig, SqliteStore};
 use dsh_actors::Host;
 
+use crate::config::StoreUrl;
 use crate::live::build_provider;
 use crate::tools::{ShellConfig, builtin};
 use crate::{CliError, Config};
@@ -57,7 +57,8 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_LISTEN)]
     pub listen: String,
-    /// Store: `sqlite:DIR` (default: the data directory). `postgres://…` is not supported yet.
+    /// Store: `sqlite:DIR` (default: the data directory) or `postgres://…` (several nodes on one
+    /// database, SPEC §14).
     #[arg(long, env = "DSH_STORE", value_name = "URL")]
     pub store: Option<String>,
     /// File whose first line is the bearer token every /v1 request must carry (else `DSH_TOKEN`).
@@ -79,26 +80,12 @@ pub struct ServeArgs {
     pub shell: bool,
 }
 
-/// The directory of the sqlite store named by `--store`, or the data directory.
+/// The store named by `--store` (`sqlite:DIR` or `postgres://…`), or the data directory.
 ///
 /// # Errors
-/// `CliError::Usage` for a `postgres://` URL (not supported yet) or an unknown scheme.
-pub fn store_dir(store: Option<&str>, config: &Config) -> Result<PathBuf, CliError> {
-    let Some(url) = store.map(str::trim).filter(|s| !s.is_empty()) else {
-        return Ok(config.data_dir.clone());
-    };
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return Err(CliError::Usage(
-            "--store: postgres stores are not supported yet (SPEC §14); use sqlite:DIR".into(),
-        ));
-    }
-    match url.strip_prefix("sqlite:") {
-        Some(dir) if !dir.is_empty() => Ok(PathBuf::from(dir)),
-        Some(_) => Ok(config.data_dir.clone()),
-        None => Err(CliError::Usage(format!(
-            "--store: `{url}` is not a store URL: expected sqlite:DIR"
-        ))),
-    }
+/// `CliError::Usage` for an unknown scheme.
+pub fn store_url(store: Option<&str>, config: &Config) -> Result<StoreUrl, CliError> {
+    StoreUrl::parse(store, &config.data_dir)
 }
 
 /// The listen address, refusing a non-loopback one without a token.
@@ -124,7 +111,7 @@ pub fn listen_addr(listen: &str, has_token: bool) -> Result<SocketAddr, CliError
 pub async fn run(args: ServeArgs, config: Config) -> Result<ExitCode, CliError> {
     let token = auth::load_token(args.token_file.as_deref()).map_err(CliError::Usage)?;
     let addr = listen_addr(&args.listen, token.is_some())?;
-    let dir = store_dir(args.store.as_deref(), &config)?;
+    store_url(args.store.as_deref(), &config)?;
     if config.provider_name() == "script" {
         return Err(CliError::Usage(
             "dsh serve runs the sim or openai provider, not script".into(),
@@ -149,13 +136,13 @@ pub async fn run(args: ServeArgs, config: Config) -> Result<ExitCode, CliError> 
     providers.register(built.provider);
     let mut hooks = Hooks::new();
     hooks.request_error.push(Arc::new(RetryHook::new()));
-    let store = Arc::new(
-        SqliteStore::open(&dir, SqliteConfig::default()).map_err(|e| {
-            CliError::Failed(format!("cannot open the store in {}: {e}", dir.display()))
-        })?,
-    );
+    let store = crate::stored::open(&Config {
+        store: args.store.clone(),
+        ..config.clone()
+    })
+    .await?;
     let metrics = Arc::new(ServerMetrics::new());
-    let metered = MeteredStore::new(Arc::clone(&store), metrics.store.clone());
+    let metered = MeteredStore::new(store.shared(), metrics.store.clone());
     let host = Host::builder(Arc::new(metered) as Arc<dyn SessionStore>)
         .providers(providers)
         .tools(tools)
@@ -168,7 +155,7 @@ pub async fn run(args: ServeArgs, config: Config) -> Result<ExitCode, CliError> 
         drain_timeout: Duration::from_secs(args.drain_timeout),
         max_streams: args.max_streams,
     };
-    let state = AppState::new(host, Arc::clone(&store), defaults, token, settings, metrics);
+    let state = AppState::new(host, store.clone(), defaults, token, settings, metrics);
     let served = serve(state, addr).await;
     mcp.shutdown().await;
     let closed = store

@@ -17,7 +17,7 @@ use dsh::SessionId;
 use dsh::limits::Limits;
 use dsh::session::Session;
 use dsh::session::store::jsonl::{ImportOptions, export, import_with};
-use dsh::session::store::{EncodedEvent, SessionStore, StoreError};
+use dsh::session::store::{EncodedEvent, StoreError};
 use dsh::turn::Status;
 use dsh_actors::AgentHandle;
 use serde::{Deserialize, Serialize};

@@ -16,10 +16,11 @@ use std::time::Duration;
 use dashmap::DashMap;
 use dsh::SessionId;
 use dsh::session::log::fold_request_header;
-use dsh::session::store::sqlite::SqliteStore;
-use dsh::session::store::{Inspection, SessionStore};
+use dsh::session::store::Inspection;
 use dsh::turn::AgentConfig;
 use dsh_actors::{AgentHandle, AgentSpec, Host, HostError};
+
+use crate::stored::Opened;
 use tokio_util::sync::CancellationToken;
 
 use super::applied::AppliedIds;
@@ -95,7 +96,7 @@ pub struct Shared {
     /// The runtime.
     pub host: Host,
     /// The host's store (for listing, export and import).
-    pub store: Arc<SqliteStore>,
+    pub store: Opened,
     /// Defaults of new and resumed agents.
     pub defaults: AgentDefaults,
     /// The bearer token every `/v1` request must carry, if one is set.
@@ -121,7 +122,7 @@ impl AppState {
     /// (see `MeteredStore`).
     pub fn new(
         host: Host,
-        store: Arc<SqliteStore>,
+        store: Opened,
         defaults: AgentDefaults,
         token: Option<Token>,
         settings: ServerSettings,
@@ -151,7 +152,7 @@ impl AppState {
     }
 
     /// The store.
-    pub fn store(&self) -> &Arc<SqliteStore> {
+    pub fn store(&self) -> &Opened {
         &self.inner.store
     }
 

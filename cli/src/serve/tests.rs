@@ -36,7 +36,10 @@ async fn start(dir: &std::path::Path) -> (String, Arc<SqliteStore>, AppState) {
     let mut providers = ProviderRegistry::new();
     providers.register(provider);
     let metrics = Arc::new(ServerMetrics::new());
-    let metered = MeteredStore::new(Arc::clone(&store), metrics.store.clone());
+    let metered = MeteredStore::new(
+        Arc::clone(&store) as Arc<dyn SessionStore>,
+        metrics.store.clone(),
+    );
     let host = Host::builder(Arc::new(metered) as Arc<dyn SessionStore>)
         .providers(providers)
         .start()
@@ -54,7 +57,14 @@ async fn start(dir: &std::path::Path) -> (String, Arc<SqliteStore>, AppState) {
         drain_timeout: Duration::from_secs(1),
         max_streams: DEFAULT_MAX_STREAMS,
     };
-    let state = AppState::new(host, Arc::clone(&store), defaults, None, settings, metrics);
+    let state = AppState::new(
+        host,
+        crate::stored::Opened::Sqlite(Arc::clone(&store)),
+        defaults,
+        None,
+        settings,
+        metrics,
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

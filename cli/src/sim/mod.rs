@@ -52,6 +52,7 @@ use dsh::llm::sim::{REPLY_TOKENS_MAX, SimConfig, SimProvider, SplitMix64};
 use dsh::llm::types::Message;
 use dsh::session::event::{CancelCause, EventData, SessionHeader};
 use dsh::session::store::memory::MemoryStore;
+use dsh::session::store::postgres::{PostgresConfig, PostgresStore};
 use dsh::session::store::sqlite::{SqliteConfig, SqliteStore};
 use dsh::session::store::{EncodedEvent, SessionStore, StoreError};
 use dsh::tools::{ExecutionMode, Tool, ToolArgs, ToolInvocation, ToolOutput, ToolRegistry};
@@ -153,7 +154,7 @@ pub enum SimError {
         value_ms_max: u64,
     },
     /// `--store` names no store.
-    #[error("--store is {store:?}; it must be sqlite or memory")]
+    #[error("--store is {store:?}; it must be sqlite, memory or postgres://…")]
     Store {
         /// The value given.
         store: String,
@@ -243,6 +244,7 @@ pub async fn run(
 enum SimStore {
     Sqlite(Arc<SqliteStore>),
     Memory(Arc<MemoryStore>),
+    Postgres(Arc<PostgresStore>),
 }
 
 impl SimStore {
@@ -250,6 +252,7 @@ impl SimStore {
         match self {
             SimStore::Sqlite(s) => Arc::clone(s) as Arc<dyn SessionStore>,
             SimStore::Memory(s) => Arc::clone(s) as Arc<dyn SessionStore>,
+            SimStore::Postgres(s) => Arc::clone(s) as Arc<dyn SessionStore>,
         }
     }
 
@@ -258,6 +261,7 @@ impl SimStore {
         match self {
             SimStore::Sqlite(s) => Some(s.stats().n_groups),
             SimStore::Memory(_) => None,
+            SimStore::Postgres(s) => Some(s.stats().n_groups),
         }
     }
 
@@ -266,6 +270,7 @@ impl SimStore {
         match self {
             SimStore::Sqlite(s) => s.stats().n_requests_committed,
             SimStore::Memory(s) => s.n_appends(),
+            SimStore::Postgres(s) => s.stats().n_requests_committed,
         }
     }
 }
@@ -299,6 +304,11 @@ impl Drop for RunDir {
     }
 }
 
+/// Whether `id` names a session a run creates (`sim-*` agents, `ceiling-*` appenders).
+fn is_sim_session(id: &SessionId) -> bool {
+    id.as_str().starts_with("sim-") || id.as_str().starts_with("ceiling-")
+}
+
 fn per_sec(n: u64, elapsed: Duration) -> f64 {
     let secs = elapsed.as_secs_f64();
     if secs > 0.0 { n as f64 / secs } else { 0.0 }
@@ -316,18 +326,46 @@ async fn simulate(
     let plan = Arc::new(plan.clone());
     let run_dir = match plan.store {
         StoreChoice::Sqlite => Some(RunDir::create(data_dir, plan.keep_store)?),
-        StoreChoice::Memory => None,
+        StoreChoice::Memory | StoreChoice::Postgres => None,
     };
-    let store = match &run_dir {
-        Some(dir) => SimStore::Sqlite(Arc::new(SqliteStore::open(
+    let store = match (&run_dir, plan.store_url.as_deref()) {
+        (Some(dir), _) => SimStore::Sqlite(Arc::new(SqliteStore::open(
             &dir.path,
             SqliteConfig::default(),
         )?)),
-        None => SimStore::Memory(Arc::new(MemoryStore::new())),
+        (None, Some(url)) if plan.store == StoreChoice::Postgres => {
+            let store = PostgresStore::open(url, PostgresConfig::default()).await?;
+            if let Some(old) = store
+                .list()
+                .await?
+                .iter()
+                .find(|s| is_sim_session(&s.header.id))
+            {
+                let id = old.header.id.clone();
+                store.close().await?;
+                return Err(SimError::Task(format!(
+                    "the database already holds session {id} of an earlier run: use an empty database"
+                )));
+            }
+            SimStore::Postgres(Arc::new(store))
+        }
+        _ => SimStore::Memory(Arc::new(MemoryStore::new())),
     };
     let result = simulate_on(&plan, &store, progress).await;
-    if let SimStore::Sqlite(s) = &store {
-        s.close().await?;
+    match &store {
+        SimStore::Sqlite(s) => s.close().await?,
+        SimStore::Postgres(s) => {
+            // Like the sqlite run directory: the run's sessions go unless kept.
+            if !plan.keep_store {
+                for summary in s.list().await? {
+                    if is_sim_session(&summary.header.id) {
+                        s.delete(&summary.header.id).await?;
+                    }
+                }
+            }
+            s.close().await?;
+        }
+        SimStore::Memory(_) => {}
     }
     let mut report = result?;
     report.store_dir = run_dir.as_ref().filter(|d| d.keep).map(|d| d.path.clone());

@@ -10,6 +10,8 @@ pub enum StoreChoice {
     Sqlite,
     /// In memory.
     Memory,
+    /// A PostgreSQL database (`--store postgres://…`, the URL in `SimPlan::store_url`).
+    Postgres,
 }
 
 impl StoreChoice {
@@ -17,6 +19,9 @@ impl StoreChoice {
         match s {
             "sqlite" => Ok(StoreChoice::Sqlite),
             "memory" => Ok(StoreChoice::Memory),
+            url if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                Ok(StoreChoice::Postgres)
+            }
             other => Err(SimError::Store {
                 store: other.to_string(),
             }),
@@ -33,6 +38,9 @@ pub struct SimPlan {
     pub turns_per_agent: usize,
     /// The store (`--store`).
     pub store: StoreChoice,
+    /// The database URL of `StoreChoice::Postgres` (never reported: it may hold a password).
+    #[serde(skip)]
+    pub store_url: Option<String>,
     /// Model time to first token (`--latency-ms`).
     pub latency_ms: u64,
     /// Model pace, 0 unpaced (`--tokens-per-sec`).
@@ -115,6 +123,7 @@ impl SimPlan {
             agents: args.agents,
             turns_per_agent: args.turns,
             store: StoreChoice::parse(&args.store)?,
+            store_url: Some(args.store.clone()).filter(|s| s.contains("://")),
             latency_ms: args.latency_ms,
             tokens_per_sec: args.tokens_per_sec,
             reply_tokens,
@@ -148,5 +157,6 @@ pub(super) fn store_name(store: StoreChoice) -> &'static str {
     match store {
         StoreChoice::Sqlite => "sqlite",
         StoreChoice::Memory => "memory",
+        StoreChoice::Postgres => "postgres",
     }
 }

@@ -4,7 +4,8 @@
 //! default backend is SQLite (`sqlite/`: one database under the data directory, WAL,
 //! `synchronous=FULL`, one writer thread doing group commit across all sessions). `memory.rs` keeps logs
 //! in memory for tests and benchmarks. `jsonl.rs` reads and writes DSH v0 JSON lines for
-//! `dsh export`/`import`. A PostgreSQL backend for several machines will implement the same trait.
+//! `dsh export`/`import`. `postgres/` (the `postgres` cargo feature) keeps logs in PostgreSQL for
+//! several machines, with a lease per hosted session fencing every append (SPEC §14).
 //!
 //! What must stay true: a session's stored events are contiguous from seq 0; an append whose first seq
 //! is not the stored next seq is refused; after a failed fsync a store refuses every later write
@@ -12,6 +13,8 @@
 
 pub mod jsonl;
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub(crate) mod scan;
 pub mod sqlite;
 
@@ -153,6 +156,15 @@ pub enum StoreError {
     /// The store was closed.
     #[error("the store is closed")]
     Closed,
+    /// This node does not hold the session's lease (another node hosts it, or took it over): it
+    /// may not write the session (SPEC §14). Only a store with leases (PostgreSQL) returns it.
+    #[error("session {id} is fenced: {reason}")]
+    Fenced {
+        /// The session.
+        id: SessionId,
+        /// Who holds the lease, or how it was lost.
+        reason: String,
+    },
 }
 
 /// A durable home for session logs. Implementations are shared by every agent of a process.
@@ -211,4 +223,15 @@ pub trait SessionStore: Send + Sync + 'static {
     /// # Errors
     /// `Io`.
     async fn header(&self, id: &SessionId) -> Result<Option<SessionHeader>, StoreError>;
+
+    /// Says this process stops hosting the session (its agent hibernated or was disposed). A store
+    /// with leases gives the session's lease up so that another node can take it at once; the
+    /// others have nothing to do. Call it only once the session's appends were answered.
+    ///
+    /// # Errors
+    /// `Io` when the lease cannot be given up (it then expires on its own).
+    async fn release(&self, id: &SessionId) -> Result<(), StoreError> {
+        let _ = id;
+        Ok(())
+    }
 }

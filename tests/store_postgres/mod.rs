@@ -1,0 +1,550 @@
+//! The PostgreSQL store against a real server: the shared store contract (typed errors change
+//! nothing), group commit across sessions, exact v0 JSON text, repair on load, migrations, leases
+//! with fencing between two nodes (stores, and hosts whose fenced agent stops and fails its input),
+//! and a failed commit that poisons only its own sessions.
+//!
+//! Each test creates a database of its own (a fresh name) and drops it at the end. Without a server
+//! (`DSH_TEST_POSTGRES`, default `postgres://postgres@127.0.0.1:5432/postgres`) a test prints one
+//! line saying it skipped; with `CI=true` it fails instead.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dsh::MessageId;
+use dsh::llm::provider::ProviderRegistry;
+use dsh::llm::sim::{SimConfig, SimProvider};
+use dsh::llm::types::Message;
+use dsh::session::invariant;
+use dsh::session::store::postgres::{PostgresConfig, PostgresStore};
+use dsh::session::store::{SessionStore, StoreError};
+use dsh::turn::AgentConfig;
+use dsh_actors::{AgentSpec, Host};
+use tokio_postgres::NoTls;
+
+use super::store_support::{TurnWriter, encode, sid, to_json};
+use super::{header, open_turn_events, typed_errors_change_nothing, write_turns};
+
+/// A database of this test's own, dropped (with its connections) when this goes out of scope.
+pub struct TestDb {
+    admin_url: String,
+    name: String,
+    /// The URL of the test's database.
+    pub url: String,
+}
+
+impl TestDb {
+    /// A fresh database, or `None` (after one line on stderr) when no server is reachable outside
+    /// CI. Panics under `CI=true` when none is.
+    pub async fn create(test: &str) -> Option<TestDb> {
+        let admin_url = std::env::var("DSH_TEST_POSTGRES")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string());
+        let connected = tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio_postgres::connect(&admin_url, NoTls),
+        )
+        .await;
+        let (client, connection) = match connected {
+            Ok(Ok(pair)) => pair,
+            failed => {
+                let why = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".to_string(),
+                };
+                assert!(
+                    std::env::var("CI").as_deref() != Ok("true"),
+                    "{test}: PostgreSQL is not reachable at {admin_url} ({why}) and CI=true"
+                );
+                eprintln!(
+                    "{test}: skipped: PostgreSQL not reachable at {admin_url} ({why}); run a server on 127.0.0.1:5432 (trust auth) or set DSH_TEST_POSTGRES"
+                );
+                return None;
+            }
+        };
+        tokio::spawn(connection);
+        let name = format!("dsh_test_{}", uuid::Uuid::new_v4().simple());
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create the test database");
+        let url = match admin_url.rsplit_once('/') {
+            Some((base, _)) => format!("{base}/{name}"),
+            None => panic!("DSH_TEST_POSTGRES must be a postgres://…/DB URL"),
+        };
+        Some(TestDb {
+            admin_url,
+            name,
+            url,
+        })
+    }
+
+    /// A plain client on the test database, for looking at rows and breaking things.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(&self.url, NoTls)
+            .await
+            .expect("connect to the test database");
+        tokio::spawn(connection);
+        client
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let admin_url = self.admin_url.clone();
+        let name = self.name.clone();
+        // Its own thread and runtime: this may run inside a runtime, or while a test panics.
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            rt.block_on(async move {
+                let (client, connection) = tokio_postgres::connect(&admin_url, NoTls).await?;
+                tokio::spawn(connection);
+                client
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("could not drop the test database {}", self.name);
+        }
+    }
+}
+
+fn node(name: &str) -> PostgresConfig {
+    PostgresConfig {
+        node_id: name.to_string(),
+        ..PostgresConfig::default()
+    }
+}
+
+async fn open(db: &TestDb, config: PostgresConfig) -> PostgresStore {
+    PostgresStore::open(&db.url, config)
+        .await
+        .expect("open the postgres store")
+}
+
+#[tokio::test]
+async fn postgres_typed_errors_change_nothing() {
+    let Some(db) = TestDb::create("postgres_typed_errors_change_nothing").await else {
+        return;
+    };
+    let store = open(&db, node("a")).await;
+    typed_errors_change_nothing(&store).await;
+    store.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_concurrent_sessions_keep_their_exact_json_across_reopen() {
+    let Some(db) = TestDb::create("postgres_concurrent_sessions").await else {
+        return;
+    };
+    let store = std::sync::Arc::new(open(&db, node("a")).await);
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let id = sid(&format!("s{i:02}"));
+        store.create(&header(&id)).await.unwrap();
+        let store = std::sync::Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let mut writer = TurnWriter::new(id, 200);
+            write_turns(store.as_ref(), &mut writer, 3).await;
+            writer
+        }));
+    }
+    let mut writers = Vec::new();
+    for t in tasks {
+        writers.push(t.await.unwrap());
+    }
+    let stats = store.stats();
+    assert_eq!(
+        stats.n_events_committed,
+        writers.iter().map(|w| w.next_seq()).sum::<u64>()
+    );
+    store.close().await.unwrap();
+    assert_eq!(
+        store.append(writers[0].id(), Vec::new()).await,
+        Err(StoreError::Closed)
+    );
+
+    let reopened = open(&db, node("b")).await;
+    let listed = reopened.list().await.unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .map(|s| s.header.id.clone())
+            .collect::<Vec<_>>(),
+        writers.iter().map(|w| w.id().clone()).collect::<Vec<_>>(),
+        "listed in creation order"
+    );
+    let client = db.client().await;
+    for w in &writers {
+        let loaded = reopened.load(w.id()).await.unwrap();
+        assert_eq!(loaded.n_repaired, 0);
+        assert_eq!(to_json(&loaded.events), to_json(w.events()));
+        invariant::check(&loaded.events).unwrap();
+        // The stored text is exactly the v0 JSON the store was given.
+        let rows = client
+            .query(
+                "SELECT seq, kind, json FROM dsh_events WHERE session_id = $1 ORDER BY seq",
+                &[&w.id().as_str()],
+            )
+            .await
+            .unwrap();
+        let stored: Vec<(i64, String, String)> = rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        let expected: Vec<(i64, String, String)> = encode(w.events())
+            .into_iter()
+            .map(|e| {
+                (
+                    e.seq as i64,
+                    e.kind,
+                    String::from_utf8(e.json.to_vec()).unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(stored, expected);
+    }
+    reopened.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_requests_queued_during_a_commit_form_one_group() {
+    let Some(db) = TestDb::create("postgres_group_commit").await else {
+        return;
+    };
+    let store = std::sync::Arc::new(open(&db, node("a")).await);
+    let mut writers = Vec::new();
+    for i in 0..9 {
+        let id = sid(&format!("g{i}"));
+        store.create(&header(&id)).await.unwrap();
+        writers.push(TurnWriter::new(id, 50));
+    }
+    // Hold the first commit inside the server: a lock that blocks every insert into the log.
+    let mut blocker = db.client().await;
+    let lock = blocker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE dsh_events IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let before = store.stats();
+    let mut tasks = Vec::new();
+    for (i, w) in writers.iter_mut().enumerate() {
+        let batch = encode(&w.turn_batches()[0]);
+        let appender = std::sync::Arc::clone(&store);
+        let id = w.id().clone();
+        tasks.push(tokio::spawn(
+            async move { appender.append(&id, batch).await },
+        ));
+        if i == 0 {
+            // The first request is taken alone and waits on the lock.
+            while store.stats().n_groups == before.n_groups {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+    while store.queued() < 8 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    lock.rollback().await.unwrap();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let after = store.stats();
+    assert_eq!(
+        after.n_groups - before.n_groups,
+        2,
+        "one group held, one queued"
+    );
+    assert_eq!(after.n_requests_committed - before.n_requests_committed, 9);
+    store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn postgres_load_appends_the_closers_of_an_open_turn_durably() {
+    let Some(db) = TestDb::create("postgres_load_repairs").await else {
+        return;
+    };
+    let id = sid("open");
+    let events = open_turn_events(&id);
+    let a = open(&db, node("a")).await;
+    a.create(&header(&id)).await.unwrap();
+    a.append(&id, encode(&events)).await.unwrap();
+    let inspected = a.inspect(&id).await.unwrap();
+    assert!(!inspected.closers.is_empty());
+    // Node a closes cleanly, which releases its lease: node b takes the session at once.
+    a.close().await.unwrap();
+    let b = open(&db, node("b")).await;
+    let loaded = b.load(&id).await.unwrap();
+    assert_eq!(loaded.n_repaired, inspected.closers.len());
+    assert_eq!(
+        to_json(&loaded.events[events.len()..]),
+        to_json(&inspected.closers)
+    );
+    invariant::check(&loaded.events).unwrap();
+    let again = b.load(&id).await.unwrap();
+    assert_eq!(again.n_repaired, 0);
+    assert_eq!(to_json(&again.events), to_json(&loaded.events));
+    b.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn postgres_migrations_are_versioned_and_a_newer_schema_is_refused() {
+    let Some(db) = TestDb::create("postgres_migrations").await else {
+        return;
+    };
+    open(&db, node("a")).await.close().await.unwrap();
+    open(&db, node("b")).await.close().await.unwrap();
+    let client = db.client().await;
+    let versions: Vec<i32> = client
+        .query("SELECT version FROM dsh_schema ORDER BY version", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        versions,
+        (1..=PostgresStore::schema_version()).collect::<Vec<_>>()
+    );
+    client
+        .execute("INSERT INTO dsh_schema (version) VALUES (9999)", &[])
+        .await
+        .unwrap();
+    let refused = PostgresStore::open(&db.url, node("c")).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("newer than this program"),
+        "{refused}"
+    );
+    let bad = PostgresStore::open("postgres://[::1", node("d"))
+        .await
+        .unwrap_err();
+    assert!(bad.to_string().contains("invalid PostgreSQL URL"), "{bad}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_lease_taken_over_fences_the_old_node() {
+    let Some(db) = TestDb::create("postgres_fence").await else {
+        return;
+    };
+    let ttl = Duration::from_millis(600);
+    // Node a stops renewing: it stands for a node paused past its lease.
+    let a = open(
+        &db,
+        PostgresConfig {
+            lease_ttl: ttl,
+            renew_leases: false,
+            ..node("a")
+        },
+    )
+    .await;
+    let b = open(
+        &db,
+        PostgresConfig {
+            lease_ttl: ttl,
+            ..node("b")
+        },
+    )
+    .await;
+    let id = sid("fenced");
+    a.create(&header(&id)).await.unwrap();
+    let mut writer = TurnWriter::new(id.clone(), 40);
+    write_turns(&a, &mut writer, 1).await;
+    assert_eq!(a.held_epoch(&id), Some(1));
+    let stored = writer.next_seq();
+
+    // While a's lease lives, b can neither load nor write the session; reads work.
+    assert!(matches!(b.load(&id).await, Err(StoreError::Fenced { .. })));
+    let next = writer.turn_batches();
+    assert!(matches!(
+        b.append(&id, encode(&next[0])).await,
+        Err(StoreError::Fenced { .. })
+    ));
+    assert_eq!(b.inspect(&id).await.unwrap().events.len() as u64, stored);
+
+    // The lease lapses; b takes the session over with a higher epoch.
+    tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+    let loaded = b.load(&id).await.unwrap();
+    assert_eq!(b.held_epoch(&id), Some(2));
+    let stored_end = loaded.events.len();
+
+    // a's next append is fenced in its own transaction, and so is every later one.
+    match a.append(&id, encode(&next[0])).await {
+        Err(StoreError::Fenced { reason, .. }) => {
+            assert!(
+                reason.contains("node b holds its lease at epoch 2"),
+                "{reason}"
+            )
+        }
+        other => panic!("a stale node appended: {other:?}"),
+    }
+    assert!(matches!(
+        a.append(&id, encode(&next[1])).await,
+        Err(StoreError::Fenced { .. })
+    ));
+    assert_eq!(b.inspect(&id).await.unwrap().events.len(), stored_end);
+
+    // b continues the log; a released lease is taken at once by the other node.
+    let mut writer = TurnWriter::resume(id.clone(), loaded.events, 40);
+    write_turns(&b, &mut writer, 1).await;
+    b.release(&id).await.unwrap();
+    let back = a.load(&id).await.unwrap();
+    assert_eq!(a.held_epoch(&id), Some(3));
+    assert_eq!(to_json(&back.events), to_json(writer.events()));
+    invariant::check(&back.events).unwrap();
+    assert!(matches!(
+        b.append(&id, encode(&writer.turn_batches()[0])).await,
+        Err(StoreError::Fenced { .. })
+    ));
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_failed_commit_poisons_only_its_sessions() {
+    let Some(db) = TestDb::create("postgres_poison").await else {
+        return;
+    };
+    let store = open(&db, node("poison-node")).await;
+    let (s1, s2) = (sid("one"), sid("two"));
+    store.create(&header(&s1)).await.unwrap();
+    store.create(&header(&s2)).await.unwrap();
+    let mut w1 = TurnWriter::new(s1.clone(), 20);
+    let mut w2 = TurnWriter::new(s2.clone(), 20);
+    write_turns(&store, &mut w1, 1).await;
+    write_turns(&store, &mut w2, 1).await;
+    // Make the next COMMIT touching s1 fail on the server: a deferred constraint trigger.
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE FUNCTION dsh_test_fail() RETURNS trigger LANGUAGE plpgsql AS \
+               $$ BEGIN RAISE EXCEPTION 'injected commit failure'; END $$; \
+             CREATE CONSTRAINT TRIGGER dsh_test_fail AFTER INSERT ON dsh_events \
+               DEFERRABLE INITIALLY DEFERRED FOR EACH ROW \
+               WHEN (NEW.session_id = 'one') EXECUTE FUNCTION dsh_test_fail()",
+        )
+        .await
+        .unwrap();
+    let b1 = w1.turn_batches();
+    match store.append(&s1, encode(&b1[0])).await {
+        Err(StoreError::Io { cause, .. }) => assert!(cause.contains("injected"), "{cause}"),
+        other => panic!("a failed commit answered {other:?}"),
+    }
+    client
+        .batch_execute("DROP TRIGGER dsh_test_fail ON dsh_events")
+        .await
+        .unwrap();
+    // s1 is poisoned until a load re-reads it; s2 writes on through a new connection.
+    assert!(matches!(
+        store.append(&s1, encode(&b1[0])).await,
+        Err(StoreError::Poisoned { .. })
+    ));
+    write_turns(&store, &mut w2, 1).await;
+    let reloaded = store.load(&s1).await.unwrap();
+    let mut w1 = TurnWriter::resume(s1.clone(), reloaded.events, 20);
+    write_turns(&store, &mut w1, 1).await;
+    for w in [&w1, &w2] {
+        let events = store.inspect(w.id()).await.unwrap().events;
+        assert_eq!(to_json(&events), to_json(w.events()));
+        invariant::check(&events).unwrap();
+    }
+    store.close().await.unwrap();
+}
+
+/// A host on `store` whose agents answer with the instant simulated model.
+async fn sim_host(store: Arc<PostgresStore>) -> Host {
+    let mut providers = ProviderRegistry::new();
+    providers.register(Arc::new(
+        SimProvider::new(SimConfig::instant(1))
+            .expect("a valid sim")
+            .named("sim"),
+    ));
+    Host::builder(store as Arc<dyn SessionStore>)
+        .providers(providers)
+        .start()
+        .await
+        .expect("the host starts")
+}
+
+fn user(id: &str, text: &str) -> Message {
+    Message::user_text(MessageId::new(id).expect("a valid id"), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_two_hosts_a_fenced_agent_stops_and_its_input_fails() {
+    let Some(db) = TestDb::create("postgres_two_hosts").await else {
+        return;
+    };
+    let ttl = Duration::from_millis(600);
+    // Host a's store stops renewing: it stands for a node paused past its lease.
+    let store_a = Arc::new(
+        open(
+            &db,
+            PostgresConfig {
+                lease_ttl: ttl,
+                renew_leases: false,
+                ..node("host-a")
+            },
+        )
+        .await,
+    );
+    let store_b = Arc::new(
+        open(
+            &db,
+            PostgresConfig {
+                lease_ttl: ttl,
+                ..node("host-b")
+            },
+        )
+        .await,
+    );
+    let host_a = sim_host(Arc::clone(&store_a)).await;
+    let host_b = sim_host(Arc::clone(&store_b)).await;
+    let spec = || AgentSpec::new(AgentConfig::new("sim", "sim")).with_id(sid("shared"));
+    let agent_a = host_a.create(spec()).await.expect("a creates the agent");
+    agent_a.followup(user("m1", "one")).await.expect("durable");
+    agent_a.when_idle().await.expect("idle");
+
+    // While a's lease lives, b cannot host the session.
+    let refused = host_b.resume(&sid("shared"), spec()).await.unwrap_err();
+    assert!(refused.to_string().contains("fenced"), "{refused}");
+
+    // The lease lapses; b takes over (epoch 2) and continues the log.
+    tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+    let agent_b = host_b
+        .resume(&sid("shared"), spec())
+        .await
+        .expect("b takes over");
+    assert_eq!(store_b.held_epoch(&sid("shared")), Some(2));
+    agent_b.followup(user("m2", "two")).await.expect("durable");
+    agent_b.when_idle().await.expect("idle");
+
+    // a's agent, still running, is fenced at its next write: the input fails with the reason.
+    let failed = agent_a.followup(user("m3", "three")).await.unwrap_err();
+    assert!(
+        failed
+            .to_string()
+            .contains("node host-b holds its lease at epoch 2"),
+        "{failed}"
+    );
+    assert!(agent_a.followup(user("m4", "four")).await.is_err());
+
+    // The log holds m1 and m2 once each, never m3, and is valid.
+    let events = store_b.inspect(&sid("shared")).await.unwrap().events;
+    invariant::check(&events).unwrap();
+    let users: Vec<String> = events
+        .iter()
+        .filter(|e| e.kind() == "user/message")
+        .map(|e| e.to_json())
+        .collect();
+    assert_eq!(users.len(), 2, "{users:?}");
+    assert!(
+        users[0].contains("\"m1\"") && users[1].contains("\"m2\""),
+        "{users:?}"
+    );
+    host_a.shutdown().await;
+    host_b.shutdown().await;
+    store_a.close().await.unwrap();
+    store_b.close().await.unwrap();
+}
