@@ -495,6 +495,7 @@ impl AgentActor {
             id: state.id().clone(),
             agent: state.myself.clone(),
             fence: Arc::clone(&self.slot.write_fence),
+            epoch: self.slot.write_fence.epoch().await,
             metrics: Arc::clone(&self.runtime.metrics),
         };
         let (w, _) =
