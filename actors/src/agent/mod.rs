@@ -902,8 +902,12 @@ impl AgentActor {
         }
         self.passivated
             .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.slot.passivate(core);
+        state.passivated = true;
         // Every write is acknowledged: a store with leases gives the session's lease up (SPEC
-        // §14); a wake that appends again takes it back first.
+        // §14); a wake that appends again takes it back first. Spawned only once the core is with
+        // the slot, so it never widens the window between `passivated` and `passivate` that a
+        // restart reads.
         let store = Arc::clone(&self.runtime.store);
         let id = state.id().clone();
         tokio::spawn(async move {
@@ -911,8 +915,6 @@ impl AgentActor {
                 warn!(agent = %id, error = %e, "releasing the session's lease failed");
             }
         });
-        self.slot.passivate(core);
-        state.passivated = true;
         state.myself.stop(Some("hibernated".into()));
         true
     }
