@@ -205,12 +205,11 @@ impl McpServer {
     }
 
     /// Reads the list again if `live` said it changed; a caller that arrives while another reads it
-    /// waits for that read, so once this returns every change noted before it is taken in.
+    /// waits for that read, so once this returns every change noted before it is taken in. The lock
+    /// is taken before the flag is read: a reader that already cleared the flag may still be
+    /// listing, and returning on the cleared flag would miss its change (a flaky step without it).
     async fn sync_tools(&self, live: &Live) -> Result<(), String> {
         let flag = &live.opened.handler.list_changed;
-        if !flag.load(Ordering::Acquire) {
-            return Ok(());
-        }
         let _relisting = live.opened.relisting.lock().await;
         if !flag.swap(false, Ordering::AcqRel) {
             return Ok(());
