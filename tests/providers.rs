@@ -68,8 +68,9 @@ fn request(text: &str) -> LlmRequest {
         },
         system: Some("be brief".into()),
         tools: vec![],
-        messages: vec![user(text)],
+        messages: vec![user(text)].into(),
         session_id: Some(SessionId::new("s1").expect("id")),
+        purpose: None,
     }
 }
 
@@ -1325,8 +1326,9 @@ async fn live_deepseek_tool_round_trip() {
             "Use the get_weather tool to answer weather questions. Answer in one sentence.".into(),
         ),
         tools: vec![tool],
-        messages: vec![user("What is the weather in Paris right now?")],
+        messages: vec![user("What is the weather in Paris right now?")].into(),
         session_id: None,
+        purpose: None,
     };
     let first = collect(&p, r.clone()).await;
     assert_eq!(

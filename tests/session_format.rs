@@ -1395,3 +1395,87 @@ fn corpus() {
         "the expectation file has a different length"
     );
 }
+
+/// The original's derivation, re-implemented on the raw JSON of a log (§2.2, §2.5): fold the
+/// surface ops over the seqs, then project each node to its message (a content-less assistant
+/// message projects to none).
+fn original_derived_messages(text: &str) -> Vec<serde_json::Value> {
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .skip(1)
+        .map(|l| serde_json::from_str(l).expect("an event line"))
+        .collect();
+    let mut nodes: Vec<u64> = Vec::new();
+    for e in &events {
+        let seq = e["seq"].as_u64().expect("a seq");
+        match &e["surfaceOp"] {
+            serde_json::Value::String(s) if s == "append" => nodes.push(seq),
+            serde_json::Value::Object(op) => {
+                let at = |k: &str| {
+                    let want = op[k].as_u64().expect("a seq");
+                    nodes.iter().position(|&n| n == want).expect("a node")
+                };
+                let (start, end) = (at("start"), at("end"));
+                nodes.splice(start..=end, [seq]);
+            }
+            _ => {}
+        }
+    }
+    nodes
+        .iter()
+        .filter_map(|&seq| {
+            let e = &events[seq as usize];
+            match e["type"].as_str() {
+                Some("user/message") => Some(e["data"].clone()),
+                Some("assistant/message")
+                    if e["data"]["message"]["content"]
+                        .as_array()
+                        .is_some_and(|c| !c.is_empty()) =>
+                {
+                    Some(e["data"]["message"].clone())
+                }
+                Some("tool/result") => Some(e["data"]["message"].clone()),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// SPEC §15 / §17: every compacted log of the original's corpus loads, passes the §8.5 rules, and
+/// derives the same messages as the original's fold (the checkpoint in place of the shadowed span).
+#[test]
+fn compacted_corpus_logs_derive_the_originals_messages() {
+    let mut n_compacted = 0;
+    for entry in std::fs::read_dir(corpus_dir()).expect("the corpus directory") {
+        let path = entry.expect("an entry").path();
+        let text = std::fs::read_to_string(&path).expect("a corpus file");
+        if !text.contains(r#""type":"compaction/"#) {
+            continue;
+        }
+        n_compacted += 1;
+        let (filled, options) = fill_placeholders(&text);
+        let imported = import_with(&mut filled.as_bytes(), &Limits::DEFAULT, &options)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        invariant::check(&imported.events).unwrap_or_else(|v| panic!("{}: {v}", path.display()));
+        let session = Session::from_events(sid(), imported.events).expect("a valid log");
+        let ours: Vec<serde_json::Value> = session
+            .messages()
+            .iter()
+            .map(|m| serde_json::to_value(&**m).expect("JSON"))
+            .collect();
+        let want = original_derived_messages(&filled);
+        assert_eq!(ours, want, "{}", path.display());
+        assert!(
+            session.surface().replace_generation > 0,
+            "{}: a compaction replaced part of the surface",
+            path.display()
+        );
+        let first = want[0]["content"][0]["text"].as_str().unwrap_or_default();
+        assert!(
+            first.starts_with(dsh::session::compaction::PREAMBLE),
+            "{}: the checkpoint leads the history",
+            path.display()
+        );
+    }
+    assert!(n_compacted >= 1, "the corpus holds a compacted log");
+}

@@ -57,6 +57,14 @@ pub enum InputError {
         /// The busy agent.
         id: SessionId,
     },
+    /// A manual compaction did not start (nothing to compact, or the log could not be read back).
+    #[error("agent {id} did not compact: {reason}")]
+    NotCompacted {
+        /// The agent.
+        id: SessionId,
+        /// Why.
+        reason: String,
+    },
     /// Reading the agent's log back from the store failed.
     #[error("agent {id}: {reason}")]
     Store {

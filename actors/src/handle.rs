@@ -25,6 +25,7 @@ use ractor::ActorRef;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::agent::msg::CompactReceipt;
 use crate::agent::msg::{AgentMsg, Reply};
 use crate::error::InputError;
 use crate::observe::{StatusReport, Subscription};
@@ -335,6 +336,18 @@ impl AgentHandle {
             .map_err(|_| InputError::Interrupted {
                 id: self.id().clone(),
             })
+    }
+
+    /// Compacts the agent's history by hand (SPEC §15, `/compact`): only while it is idle. Returns
+    /// once the compaction's `compaction/start` is durable; the summary, the replacing checkpoint
+    /// and `compaction/end` follow before the agent is idle again (`when_idle`). A failure is logged
+    /// in that `compaction/end` and changes nothing else.
+    ///
+    /// # Errors
+    /// `InputError::Busy` unless the agent is idle; `InputError::NotCompacted` when there is nothing
+    /// to compact (or its log cannot be read back); other `InputError`s when it is gone.
+    pub async fn compact(&self) -> Result<CompactReceipt, InputError> {
+        self.request(|reply| AgentMsg::Compact { reply }).await?
     }
 
     /// Runs `task` as maintenance: only while the agent is idle; waking input that arrives meanwhile

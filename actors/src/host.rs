@@ -457,7 +457,8 @@ impl Registry {
     /// it, and spawns a new actor over it.
     async fn restore(&self, record: &Arc<AgentRecord>) -> Result<(), HostError> {
         let id = record.slot.id.clone();
-        drop(record.slot.write_fence.lock().await);
+        // The previous instance's append in flight lands first; any later one of it is refused.
+        record.slot.write_fence.seal().await;
         let loaded = self.runtime.store.load(&id).await.map_err(|e| match e {
             StoreError::NotFound { id } => HostError::NotFound { id },
             e => HostError::Store(e),

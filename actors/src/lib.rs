@@ -35,7 +35,7 @@ mod slot;
 mod tool_pool;
 
 pub use error::{HostError, InputError};
-pub use handle::{AgentHandle, InputReceipt};
+pub use handle::{AgentHandle, CompactReceipt, InputReceipt};
 pub use host::{AgentSpec, DefaultRetry, Host, HostBuilder};
 pub use observe::{Observation, Observed, StatusReport, Subscription};
 pub use runtime::{HostConfig, Metrics};

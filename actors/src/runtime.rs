@@ -55,6 +55,8 @@ impl Default for HostConfig {
 pub struct Metrics {
     turns: AtomicU64,
     events: AtomicU64,
+    compactions: AtomicU64,
+    compactions_failed: AtomicU64,
 }
 
 impl Metrics {
@@ -66,6 +68,24 @@ impl Metrics {
     /// Counts `n` events the store acknowledged durable (the session writer calls it).
     pub(crate) fn events_durable(&self, n: u64) {
         self.events.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts one ended compaction (the agent actor calls it on `Effect::CompactionEnded`).
+    pub(crate) fn compaction_ended(&self, failed: bool) {
+        self.compactions.fetch_add(1, Ordering::Relaxed);
+        if failed {
+            self.compactions_failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Compactions ended since the host started (failed ones included).
+    pub fn compactions(&self) -> u64 {
+        self.compactions.load(Ordering::Relaxed)
+    }
+
+    /// Compactions that ended with an error (the history unchanged) since the host started.
+    pub fn compactions_failed(&self) -> u64 {
+        self.compactions_failed.load(Ordering::Relaxed)
     }
 
     /// Turns ended since the host started.

@@ -11,8 +11,11 @@
 //! (`StoreError::Io`), so the agent fails with a clear error instead of waiting for an
 //! acknowledgement that never comes.
 //!
-//! An append in flight holds the agent's write fence (lent by its registry slot), so a restart can
-//! wait for it before reading the log back: no late write can land after the new instance loaded the
+//! Every append (the task's and the graceful stop's) runs under the agent's `WriteFence` (lent by its
+//! registry slot) and only while the fence is still at the epoch the writer was created in. A restart
+//! `seal`s the fence before reading the log back: it waits for the append holding it, and any append
+//! of the killed instance that had not yet taken the fence (a task spawned but not yet polled, a
+//! writer still draining) is then refused, so no late write lands after the new instance loaded the
 //! log. The writer knows nothing else of the slot.
 
 use std::sync::Arc;
@@ -50,7 +53,9 @@ pub(crate) struct WriterArgs {
     /// Where append outcomes are reported.
     pub(crate) agent: ActorRef<AgentMsg>,
     /// The agent's write fence, held while an append is in flight.
-    pub(crate) fence: Arc<tokio::sync::Mutex<()>>,
+    pub(crate) fence: Arc<WriteFence>,
+    /// The fence's epoch when the writer was created: appends are refused once a restart moved it.
+    pub(crate) epoch: u64,
     /// The host's counters (durable events).
     pub(crate) metrics: Arc<Metrics>,
 }
@@ -78,21 +83,41 @@ impl SessionWriterActor {
         let id = state.args.id.clone();
         let agent = state.args.agent.clone();
         let fence = Arc::clone(&state.args.fence);
+        let epoch = state.args.epoch;
         let metrics = Arc::clone(&state.args.metrics);
         let myself = myself.clone();
         state.in_flight = Some(tokio::spawn(async move {
-            // Held while the append is in flight: a restart takes it before reading the log back.
-            let _fence = fence.lock_owned().await;
-            let ok = append(&*store, &id, batch, &agent, &metrics).await;
+            let ok = append(&fence, epoch, &*store, &id, batch, &agent, &metrics).await;
             let _ = myself.cast(WriterMsg::Flushed { ok });
             ok
         }));
     }
 }
 
-/// Appends `batch` to `id`'s log and reports the outcome to `agent`: `Durable` through the batch's
-/// last seq, or `WriterFailed`. Returns whether the store took it.
+/// An agent's write fence: a lock held by every append, around the epoch of the agent's current
+/// instance. It lives in the agent's registry slot, so it outlives the actors that use it.
+#[derive(Debug, Default)]
+pub(crate) struct WriteFence(tokio::sync::Mutex<u64>);
+
+impl WriteFence {
+    /// The current epoch (a new writer appends only while the fence is still at it).
+    pub(crate) async fn epoch(&self) -> u64 {
+        *self.0.lock().await
+    }
+
+    /// Waits for the append holding the fence to finish, then refuses every later append of a writer
+    /// created before now. A restart seals before it reads the log back.
+    pub(crate) async fn seal(&self) {
+        *self.0.lock().await += 1;
+    }
+}
+
+/// Appends `batch` to `id`'s log under `fence` and reports the outcome to `agent`: `Durable` through
+/// the batch's last seq, or `WriterFailed`. Returns whether the store took it. Refused (a failed
+/// append, the store untouched) when a restart sealed the fence after `epoch`.
 async fn append(
+    fence: &WriteFence,
+    epoch: u64,
     store: &dyn SessionStore,
     id: &SessionId,
     batch: Vec<EncodedEvent>,
@@ -101,17 +126,26 @@ async fn append(
 ) -> bool {
     let through_seq = batch.last().map_or(0, |e| e.seq + 1);
     let n = batch.len() as u64;
-    // A store that panics is a failed append, not a lost one: without this the task died silently,
-    // `Flushed` never came, and the agent waited for `Durable` forever (every later input hung).
-    let outcome = std::panic::AssertUnwindSafe(store.append(id, batch))
-        .catch_unwind()
-        .await
-        .unwrap_or_else(|panic| {
-            Err(StoreError::Io {
-                op: "append",
-                cause: format!("the store panicked: {}", panic_text(&*panic)),
+    let held = fence.0.lock().await;
+    let outcome = if *held == epoch {
+        // A store that panics is a failed append, not a lost one: without this the task died
+        // silently, `Flushed` never came, and the agent waited for `Durable` forever.
+        std::panic::AssertUnwindSafe(store.append(id, batch))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| {
+                Err(StoreError::Io {
+                    op: "append",
+                    cause: format!("the store panicked: {}", panic_text(&*panic)),
+                })
             })
-        });
+    } else {
+        Err(StoreError::Io {
+            op: "append",
+            cause: "the agent was restarted: its log was read back without this write".into(),
+        })
+    };
+    drop(held);
     match outcome {
         Ok(()) => {
             metrics.events_durable(n);
@@ -190,11 +224,112 @@ impl Actor for SessionWriterActor {
         }
         if !state.failed && !state.pending.is_empty() {
             let batch = std::mem::take(&mut state.pending);
-            let n = batch.len() as u64;
-            if state.args.store.append(&state.args.id, batch).await.is_ok() {
-                state.args.metrics.events_durable(n);
-            }
+            let a = &state.args;
+            // Fenced and panic-safe like the task's; the outcome goes to the stopping agent.
+            append(
+                &a.fence, a.epoch, &*a.store, &a.id, batch, &a.agent, &a.metrics,
+            )
+            .await;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use dsh::SessionId;
+    use dsh::session::event::TurnStart;
+    use dsh::session::store::memory::MemoryStore;
+    use dsh::session::store::{EncodedEvent, SessionStore};
+    use dsh::session::{EventData, EventDraft, Session, SessionHeader};
+    use ractor::{Actor, ActorProcessingErr, ActorRef};
+    use tokio::sync::mpsc;
+
+    use super::{SessionWriterActor, WriteFence, WriterArgs, WriterMsg};
+    use crate::agent::msg::AgentMsg;
+    use crate::runtime::Metrics;
+
+    /// Stands in for the agent: forwards what the writer reports (`Durable` through seq, or the
+    /// failure's text).
+    struct Probe;
+
+    impl Actor for Probe {
+        type Msg = AgentMsg;
+        type State = mpsc::UnboundedSender<Result<u64, String>>;
+        type Arguments = mpsc::UnboundedSender<Result<u64, String>>;
+
+        async fn pre_start(
+            &self,
+            _: ActorRef<AgentMsg>,
+            tx: Self::Arguments,
+        ) -> Result<Self::State, ActorProcessingErr> {
+            Ok(tx)
+        }
+
+        async fn handle(
+            &self,
+            _: ActorRef<AgentMsg>,
+            msg: AgentMsg,
+            tx: &mut Self::State,
+        ) -> Result<(), ActorProcessingErr> {
+            let _ = match msg {
+                AgentMsg::Durable { through_seq } => tx.send(Ok(through_seq)),
+                AgentMsg::WriterFailed { error } => tx.send(Err(error.to_string())),
+                _ => Ok(()),
+            };
+            Ok(())
+        }
+    }
+
+    /// The killed instance's writer was still alive when the restart sealed the fence (a restart
+    /// waits for the agent, not its children, and an append task may not have run yet): its append
+    /// is refused and the store is untouched, while a writer of the new instance appends.
+    #[tokio::test]
+    async fn an_append_of_the_instance_before_a_restart_is_refused() {
+        let id = SessionId::new("fenced").expect("valid id");
+        let store = Arc::new(MemoryStore::new());
+        store
+            .create(&SessionHeader::new(id.clone(), 0))
+            .await
+            .expect("created");
+        let mut session = Session::new(id.clone());
+        let draft = EventDraft::log(EventData::TurnStart(TurnStart { turn: 1 }));
+        let event = session.append(draft, 1).expect("valid").clone();
+        let fence = Arc::new(WriteFence::default());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (probe, _) = Actor::spawn(None, Probe, tx).await.expect("probe");
+        let writer = |epoch| WriterArgs {
+            store: Arc::clone(&store) as Arc<dyn SessionStore>,
+            id: id.clone(),
+            agent: probe.clone(),
+            fence: Arc::clone(&fence),
+            epoch,
+            metrics: Arc::new(Metrics::default()),
+        };
+        let (old, _) = Actor::spawn(None, SessionWriterActor, writer(fence.epoch().await))
+            .await
+            .expect("old writer");
+        fence.seal().await;
+        let batch = vec![EncodedEvent::encode(&event)];
+        old.cast(WriterMsg::Append(batch.clone())).expect("cast");
+        let report = rx.recv().await.expect("a report");
+        assert!(
+            report.as_ref().is_err_and(|e| e.contains("restarted")),
+            "{report:?}"
+        );
+        assert!(store.load(&id).await.expect("load").events.is_empty());
+
+        let (new, _) = Actor::spawn(None, SessionWriterActor, writer(fence.epoch().await))
+            .await
+            .expect("new writer");
+        new.cast(WriterMsg::Append(batch)).expect("cast");
+        assert_eq!(rx.recv().await, Some(Ok(1)));
+        let events = store.load(&id).await.expect("load").events;
+        assert_eq!(events.len(), 2, "the turn start and its repair closer");
+        old.stop(None);
+        new.stop(None);
+        probe.stop(None);
     }
 }

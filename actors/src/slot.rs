@@ -23,6 +23,7 @@ use tokio::sync::watch;
 
 use crate::agent::msg::AgentMsg;
 use crate::observe::Channel;
+use crate::session_writer::WriteFence;
 
 /// Where an agent's current actor is.
 #[derive(Clone, Debug)]
@@ -70,9 +71,9 @@ pub(crate) struct AgentSlot {
     pub(crate) state: watch::Sender<SlotState>,
     /// Observers of this agent; outlives restarts.
     pub(crate) observers: Channel,
-    /// Held by the session writer while an append is in flight, so a restart can wait for the last
-    /// write of the previous actor before it reads the log back.
-    pub(crate) write_fence: Arc<tokio::sync::Mutex<()>>,
+    /// Held by the session writer while an append is in flight; a restart seals it before it reads
+    /// the log back, so no write of the previous actor lands after that.
+    pub(crate) write_fence: Arc<WriteFence>,
     /// The core of a dormant agent.
     ///
     /// Invariant: `Some` exactly while `state` is `Dormant`; both change under this lock.
@@ -101,7 +102,7 @@ impl AgentSlot {
             id,
             state: watch::Sender::new(SlotState::Restarting),
             observers: Channel::new(subscriber_buffer_max),
-            write_fence: Arc::new(tokio::sync::Mutex::new(())),
+            write_fence: Arc::new(WriteFence::default()),
             dormant: Mutex::new(None),
             host,
         }

@@ -3,11 +3,14 @@
 //!
 //! Each run gets a fresh SQLite store and host with the instant `sim` model (20-token replies, no
 //! tools). `AGENTS` agents each run `TURNS` turns one after another: a followup, then wait for the
-//! turn to end (`when_idle` on the host; the session's event stream over HTTP, which is how an HTTP
-//! client learns of it). Reported: turns/s, and the input-ack latency (the followup call, or the
-//! `POST …/followup` until its 202) at p50 and p99, and the ratios.
+//! turn to end. Three clients: `Host API` waits with `when_idle`; `Host + subscriber` reads every
+//! event of its agent from a subscription until the `turn/end` (the same work an HTTP client does
+//! to learn of it, and so the fair baseline); `HTTP` reads the session's event stream. Reported:
+//! turns/s, and the input-ack latency (the followup call, or the `POST …/followup` until its 202)
+//! at p50 and p99, and the ratios.
 //!
-//! `cargo bench -p dsh-cli --bench serve` (`DSH_BENCH_AGENTS`, `DSH_BENCH_TURNS` override the sizes).
+//! `cargo bench -p dsh-cli --bench serve` (`DSH_BENCH_AGENTS`, `DSH_BENCH_TURNS` override the sizes;
+//! `DSH_BENCH_ONLY=host|host-sub|http` runs one client alone, e.g. under callgrind).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +21,7 @@ use dsh::llm::sim::{SimConfig, SimProvider};
 use dsh::llm::types::Message;
 use dsh::session::store::SessionStore;
 use dsh::session::store::sqlite::{SqliteConfig, SqliteStore};
-use dsh_actors::Host;
+use dsh_actors::{Host, Observation, Observed};
 use dsh_cli::serve::router::router;
 use dsh_cli::serve::state::{AgentDefaults, AppState, ServerSettings};
 
@@ -75,7 +78,16 @@ async fn start_host(dir: &std::path::Path) -> (Host, Arc<SqliteStore>) {
     (host, store)
 }
 
-async fn via_host(agents: usize, turns: usize) -> Figures {
+/// How a `Host` client learns that its turn ended.
+#[derive(Clone, Copy)]
+enum Wait {
+    /// `when_idle`.
+    Idle,
+    /// Reading its agent's events from a subscription up to the `turn/end`.
+    Subscriber,
+}
+
+async fn via_host(agents: usize, turns: usize, wait: Wait) -> Figures {
     let dir = tempfile::tempdir().expect("tempdir");
     let (host, store) = start_host(dir.path()).await;
     let start = Instant::now();
@@ -84,6 +96,7 @@ async fn via_host(agents: usize, turns: usize) -> Figures {
             let host = host.clone();
             tokio::spawn(async move {
                 let h = host.create(defaults().spec()).await.expect("create");
+                let mut sub = matches!(wait, Wait::Subscriber).then(|| h.subscribe());
                 let mut acks = Vec::with_capacity(turns);
                 for _ in 0..turns {
                     let t0 = Instant::now();
@@ -91,7 +104,20 @@ async fn via_host(agents: usize, turns: usize) -> Figures {
                         .await
                         .expect("followup");
                     acks.push(t0.elapsed());
-                    h.when_idle().await.expect("idle");
+                    match &mut sub {
+                        None => h.when_idle().await.expect("idle"),
+                        Some(sub) => loop {
+                            match sub.next().await.expect("the subscription is open") {
+                                Observation::Item(Observed::Event { event, .. })
+                                    if event.kind() == "turn/end" =>
+                                {
+                                    break;
+                                }
+                                Observation::Item(_) => {}
+                                Observation::Lagged(n) => panic!("the subscriber lagged by {n}"),
+                            }
+                        },
+                    }
                 }
                 acks
             })
@@ -218,32 +244,60 @@ async fn via_http(agents: usize, turns: usize) -> Figures {
 fn main() {
     let agents = size("DSH_BENCH_AGENTS", 50);
     let turns = size("DSH_BENCH_TURNS", 20);
+    let only = std::env::var("DSH_BENCH_ONLY").ok();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let (mut host, mut http) = rt.block_on(async {
-        // Warm up both paths once, then measure them back to back.
-        via_host(agents.min(5), 2).await;
+    if let Some(only) = only {
+        let mut f = rt.block_on(async {
+            match only.as_str() {
+                "host" => via_host(agents, turns, Wait::Idle).await,
+                "host-sub" => via_host(agents, turns, Wait::Subscriber).await,
+                "http" => via_http(agents, turns).await,
+                other => panic!("DSH_BENCH_ONLY: `{other}` is not host, host-sub or http"),
+            }
+        });
+        println!(
+            "{only}: {agents} agents x {turns} turns: {:.0} turns/s, ack p50 {:.3} ms",
+            f.turns_per_sec(),
+            f.ack_ms(0.5)
+        );
+        return;
+    }
+    let (mut host, mut watching, mut http) = rt.block_on(async {
+        // Warm up every path once, then measure them back to back.
+        via_host(agents.min(5), 2, Wait::Idle).await;
+        via_host(agents.min(5), 2, Wait::Subscriber).await;
         via_http(agents.min(5), 2).await;
-        (via_host(agents, turns).await, via_http(agents, turns).await)
+        (
+            via_host(agents, turns, Wait::Idle).await,
+            via_host(agents, turns, Wait::Subscriber).await,
+            via_http(agents, turns).await,
+        )
     });
     println!("sim workload: {agents} agents x {turns} turns, SQLite, instant 20-token replies");
     println!(
-        "{:<10} {:>10} {:>14} {:>14}",
+        "{:<18} {:>10} {:>14} {:>14}",
         "path", "turns/s", "ack p50 (ms)", "ack p99 (ms)"
     );
-    let rows = [("Host API", &mut host), ("HTTP", &mut http)];
+    let rows = [
+        ("Host API", &mut host),
+        ("Host + subscriber", &mut watching),
+        ("HTTP", &mut http),
+    ];
     let mut tps = Vec::new();
     for (name, f) in rows {
         let (t, p50, p99) = (f.turns_per_sec(), f.ack_ms(0.5), f.ack_ms(0.99));
-        println!("{name:<10} {t:>10.0} {p50:>14.3} {p99:>14.3}");
+        println!("{name:<18} {t:>10.0} {p50:>14.3} {p99:>14.3}");
         tps.push((t, p50, p99));
     }
-    println!(
-        "HTTP / Host: turns/s {:.2}x, ack p50 {:.2}x, ack p99 {:.2}x",
-        tps[1].0 / tps[0].0,
-        tps[1].1 / tps[0].1,
-        tps[1].2 / tps[0].2
-    );
+    for (name, base) in [("Host API", tps[0]), ("Host + subscriber", tps[1])] {
+        println!(
+            "HTTP / {name}: turns/s {:.2}x, ack p50 {:.2}x, ack p99 {:.2}x",
+            tps[2].0 / base.0,
+            tps[2].1 / base.1,
+            tps[2].2 / base.2
+        );
+    }
 }

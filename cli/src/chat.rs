@@ -6,7 +6,7 @@
 //! followup; a line typed while it works is a **steer**, joining the running turn at its next step;
 //! `/queue TEXT` is always a followup (its own turn). Ctrl-C while the agent works cancels the turn
 //! (pending input discarded; the turn ends `aborted` and the prompt comes back); Ctrl-C at the idle
-//! prompt, `/quit` or end of input exits — end of input first lets running work finish, so
+//! prompt, `/quit` or end of input exits; `/compact` between turns compacts the history (SPEC §15) — end of input first lets running work finish, so
 //! `printf 'hi\n' | dsh chat` answers and exits.
 //!
 //! "Working" is the command's view: set when it sends input, cleared when the agent reports itself
@@ -38,6 +38,7 @@ const HELP: &str = concat!(
     "  /queue TEXT   queue TEXT as its own turn, after the current one\n",
     "  /cancel       cancel the running turn (same as Ctrl-C)\n",
     "  /open GATE    open a gate of the scripted model (--script only)\n",
+    "  /compact      summarise older messages into a checkpoint (between turns)\n",
     "  /help         this list\n",
     "  /quit         leave (also Ctrl-D, or Ctrl-C at the prompt)",
 );
@@ -386,6 +387,16 @@ async fn on_line(
                 cancel_turn(agent).await?;
             } else {
                 screen.note("[nothing is running]");
+            }
+        }
+        "/compact" => {
+            if working {
+                screen.note("[/compact works only between turns]");
+            } else {
+                match crate::compact::compact(&agent.handle).await {
+                    Ok(done) => screen.note(&format!("({})", done.line())),
+                    Err(reason) => screen.note(&format!("[not compacted: {reason}]")),
+                }
             }
         }
         "/open" => match (&agent.gates, rest) {

@@ -22,6 +22,7 @@
 //! | `[sim]` | table | the simulated model (`dsh::llm::sim::SimConfig`: `seed`, `ttft_ms`, `tokens_per_sec`, `reply_tokens_min`, `reply_tokens_max`, `tool_call_probability`, `max_tool_steps`, `reasoning`) |
 //! | `[openai]` | table | `connect_timeout_ms`, `idle_timeout_ms` |
 //! | `retry_timeout_ms` | integer ≥ 1 | bound on the whole retry sequence of one model request (default 600000, 10 min) |
+//! | `[compaction]` | table | SPEC §15: `context_window` (integer ≥ 1; else the table of known models, else no automatic compaction), `threshold_ratio` (0.8), `retain_ratio` (0.16), `auto` (true) |
 //! | `[mcp_servers.NAME]` | table | an MCP server (SPEC §16): `command`, `args`, `env`, `cwd` (stdio) or `url`, `bearer_token_env` (streamable HTTP), and `startup_timeout_ms`, `call_timeout_ms` (`dsh_mcp::ServerEntry`); a relative `cwd` is taken relative to the file's directory |
 
 use std::path::{Path, PathBuf};
@@ -29,6 +30,7 @@ use std::process::ExitCode;
 
 use dsh::llm::openai::TIMEOUT_MS_MAX;
 use dsh::llm::sim::{SimConfig, SimProvider};
+use dsh::session::compaction::CompactionSettings;
 use serde::Deserialize;
 
 use crate::GlobalArgs;
@@ -128,6 +130,8 @@ pub struct Config {
     /// The API key taken from the environment at start-up (`secret::take_api_key`); `resolve`
     /// leaves it `Unset` and `main` fills it in.
     pub api_key: StartupKey,
+    /// `[compaction]`: when and how agents compact (SPEC §15).
+    pub compaction: CompactionSettings,
 }
 
 /// What `dsh.toml` held, every key optional.
@@ -144,9 +148,20 @@ struct FileConfig {
     openai: Option<OpenAiTimeouts>,
     retry_timeout_ms: Option<u64>,
     mcp_servers: Vec<dsh_mcp::ServerConfig>,
+    compaction: Option<CompactionSettings>,
 }
 
-const KEYS: [&str; 11] = [
+/// The `[compaction]` table of `dsh.toml` (SPEC §15), every key optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompactionFile {
+    context_window: Option<u64>,
+    threshold_ratio: Option<f64>,
+    retain_ratio: Option<f64>,
+    auto: Option<bool>,
+}
+
+const KEYS: [&str; 12] = [
     "data_dir",
     "provider",
     "base_url",
@@ -158,6 +173,7 @@ const KEYS: [&str; 11] = [
     "openai",
     "retry_timeout_ms",
     "mcp_servers",
+    "compaction",
 ];
 
 impl Config {
@@ -206,6 +222,7 @@ impl Config {
             openai: file.openai.unwrap_or_default(),
             retry_timeout_ms: file.retry_timeout_ms,
             mcp_servers: file.mcp_servers,
+            compaction: file.compaction.unwrap_or_default(),
             file: file_path,
             api_key: StartupKey::Unset,
         })
@@ -281,6 +298,16 @@ fn read_file(path: &Path, explicit: bool) -> Result<FileConfig, CliError> {
     })?;
     let base = path.parent().unwrap_or(Path::new(""));
     parse(&text, base).map_err(fail)
+}
+
+/// Parses the text of a `dsh.toml` exactly as `dsh` reads one (relative paths against `base`), and
+/// returns only the verdict: the entry point of the `dsh_toml` fuzz target and its corpus replay.
+///
+/// # Errors
+/// The one-line reason `dsh` would print.
+#[doc(hidden)]
+pub fn check_file_text(text: &str, base: &Path) -> Result<(), String> {
+    parse(text, base).map(|_| ())
 }
 
 /// Parses the text of a configuration file; relative paths are taken relative to `base`.
@@ -359,6 +386,23 @@ fn parse(text: &str, base: &Path) -> Result<FileConfig, String> {
                 }
                 let openai = read_openai(value)?;
                 out.openai = Some(openai);
+            }
+            "compaction" => {
+                if !value.is_table() {
+                    return Err(bad("a table", &value));
+                }
+                let c: CompactionFile = table_of("compaction", value)?;
+                let defaults = CompactionSettings::default();
+                let settings = CompactionSettings {
+                    context_window: c.context_window,
+                    threshold_ratio: c.threshold_ratio.unwrap_or(defaults.threshold_ratio),
+                    retain_ratio: c.retain_ratio.unwrap_or(defaults.retain_ratio),
+                    auto: c.auto.unwrap_or(defaults.auto),
+                };
+                settings
+                    .validate()
+                    .map_err(|e| format!("key `compaction`: {e}"))?;
+                out.compaction = Some(settings);
             }
             "mcp_servers" => {
                 if !value.is_table() {
@@ -528,7 +572,7 @@ idle_timeout_ms = 5000
         let cases = [
             (
                 "modle = \"x\"",
-                "unknown key `modle` (known keys: data_dir, provider, base_url, model, max_tokens, system, shell, sim, openai, retry_timeout_ms, mcp_servers)",
+                "unknown key `modle` (known keys: data_dir, provider, base_url, model, max_tokens, system, shell, sim, openai, retry_timeout_ms, mcp_servers, compaction)",
             ),
             (
                 "max_tokens = \"ten\"",
@@ -558,6 +602,10 @@ idle_timeout_ms = 5000
             (
                 "[sim]\nreply_tokens_min = 9\nreply_tokens_max = 2",
                 "key `sim`: reply_tokens_min 9 is above reply_tokens_max 2",
+            ),
+            (
+                "[compaction]\nthreshold_ratio = 1.5",
+                "key `compaction`: threshold_ratio must be in (0, 1], got 1.5",
             ),
         ];
         for (text, want) in cases {

@@ -11,6 +11,7 @@
 
 mod chat;
 mod check;
+mod compact;
 pub mod config;
 mod live;
 mod mcp;
@@ -93,6 +94,20 @@ pub enum Command {
     Mcp(McpArgs),
     /// Serve the HTTP API and web page of SPEC §13 over a host of agents.
     Serve(serve::ServeArgs),
+    /// Compact a stored session's history by hand (SPEC §15): summarise its older messages into a
+    /// checkpoint; the log keeps every event.
+    Compact(CompactArgs),
+}
+
+/// The session and flags of `dsh compact`.
+#[derive(Debug, Clone, Args)]
+pub struct CompactArgs {
+    /// The session id.
+    pub id: String,
+    /// Answer the summariser from this file (a JSON array of scenario `model` entries) with the
+    /// script provider.
+    #[arg(long, value_name = "FILE")]
+    pub script: Option<PathBuf>,
 }
 
 /// Flags of `dsh sim`.
@@ -152,6 +167,10 @@ pub struct SimArgs {
     /// Start each agent after a random delay below this many milliseconds (0 = all at once).
     #[arg(long, default_value_t = 0)]
     pub ramp_ms: u64,
+    /// Give every agent this context window (in estimated tokens) so its history compacts
+    /// (SPEC §15); the report counts compactions. Unset: no automatic compaction.
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub context_window: Option<u64>,
 }
 
 /// The flags of the one agent `dsh chat` and `dsh run` drive: which session, which provider and
@@ -177,6 +196,9 @@ pub struct AgentArgs {
     /// 600000, or `retry_timeout_ms` in dsh.toml).
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     pub retry_timeout_ms: Option<u64>,
+    /// Only open a stored session (`dsh compact`): a missing one is an error, never created.
+    #[arg(skip)]
+    pub existing: bool,
     /// The store.
     #[command(flatten)]
     pub store: StoreArgs,
@@ -376,5 +398,6 @@ async fn dispatch(command: Command, mut config: Config) -> Result<ExitCode, CliE
         Command::Sim(args) => sim::run(&args, &config, &mut std::io::stdout()).await,
         Command::Mcp(args) => mcp::run(args, config).await,
         Command::Serve(args) => serve::run(args, config).await,
+        Command::Compact(args) => compact::run(args, config).await,
     }
 }

@@ -203,10 +203,12 @@ pub async fn start(config: &Config, opts: &AgentArgs) -> Result<LiveAgent, CliEr
     let mut agent_config = AgentConfig::new(&provider_name, &built.model);
     agent_config.max_tokens = opts.max_tokens.or(config.max_tokens);
     agent_config.system = opts.system.clone().or_else(|| config.system.clone());
+    agent_config.compaction = config.compaction.clone();
     let mut spec = AgentSpec::new(agent_config);
     spec.cwd = Some(cwd.display().to_string());
     let minted = id.is_none();
     let opened = match id {
+        Some(id) if opts.existing => host.resume(&id.clone(), spec.with_id(id)).await,
         Some(id) => host.open(spec.with_id(id)).await,
         None => host.create(spec).await,
     };

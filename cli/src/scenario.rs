@@ -241,6 +241,7 @@ impl World {
         agent_config.max_parallel_tool_calls = scenario.agent.max_parallel_tool_calls;
         agent_config.max_tokens = scenario.agent.max_tokens;
         agent_config.system.clone_from(&scenario.agent.system);
+        agent_config.compaction = scenario.agent.compaction.clone();
         agent_config.limits = config.limits.clone();
         let store = Arc::new(MemoryStore::new());
         let host = Host::builder(Arc::clone(&store) as Arc<dyn SessionStore>)
@@ -346,6 +347,7 @@ impl World {
                 }
             }
             Action::WaitIdle => self.agent.when_idle().await.map_err(e2s),
+            Action::Compact => self.agent.compact().await.map(drop).map_err(e2s),
             Action::Restart => self
                 .host
                 .restart(self.agent.id())

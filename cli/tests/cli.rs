@@ -1749,3 +1749,67 @@ fn zstd_export_imports_shows_and_checks_like_the_plain_log() {
     assert_eq!(r.code, Some(0), "{r:#?}");
     assert_eq!(other.run(&["export", "first"]).stdout, plain);
 }
+
+/// `dsh compact ID` (SPEC §15): the summariser answers from the script; the older exchange becomes a
+/// checkpoint, the log keeps every event, and the next run's request starts with the checkpoint. A
+/// missing session and a session with nothing to compact are one-line errors that write nothing.
+#[test]
+fn compact_replaces_the_older_history_with_a_checkpoint() {
+    let sb = Sandbox::new();
+    let answers = sb.script(
+        "a.json",
+        serde_json::json!([{"text": "one"}, {"text": "two"}]),
+    );
+    let summary = sb.script("s.json", serde_json::json!([{"text": "the summary"}]));
+    let answers = answers.to_str().expect("utf-8");
+    let summary = summary.to_str().expect("utf-8");
+    let failing = sb.script(
+        "f.json",
+        serde_json::json!([{"error": {"code": "AUTH", "message": "no", "status": 401}}]),
+    );
+    let failing = failing.to_str().expect("utf-8");
+    let r = sb.run(&["compact", "missing", "--script", summary]);
+    r.assert_one_line_error(1, "missing");
+    // A history of one message (the prompt of a failed turn) has nothing to compact.
+    let r = sb.run(&["run", "--session", "one", "--script", failing, "alone"]);
+    assert_eq!(r.code, Some(2), "{r:#?}");
+    let n_one = sb.events("one").len();
+    let r = sb.run(&["compact", "one", "--script", summary]);
+    r.assert_one_line_error(1, "nothing to compact");
+    assert!(
+        !kinds(&sb.events("one")[n_one..])
+            .iter()
+            .any(|k| k.starts_with("compaction/")),
+        "a refused compaction writes no compaction event"
+    );
+    let r = sb.run(&["run", "--session", "w", "--script", answers, "first"]);
+    assert_eq!(r.code, Some(0), "{r:#?}");
+    let r = sb.run(&["run", "--session", "w", "--script", answers, "second"]);
+    assert_eq!(r.code, Some(0), "{r:#?}");
+    let n = sb.events("w").len();
+    let r = sb.run(&["compact", "w", "--script", summary]);
+    assert_eq!(r.code, Some(0), "{r:#?}");
+    assert!(
+        r.stdout.starts_with("compacted 3 messages (~"),
+        "{}",
+        r.stdout
+    );
+    let events = sb.events("w");
+    let added: Vec<String> = kinds(&events[n..]);
+    assert_eq!(
+        added,
+        [
+            "session/end-seed",
+            "compaction/start",
+            "compaction/summary",
+            "user/message",
+            "compaction/end"
+        ]
+    );
+    let checkpoint = &events[n + 3];
+    assert_eq!(checkpoint["data"]["source"]["plugin"], "compact");
+    assert_eq!(checkpoint["data"]["content"][1]["text"], "the summary");
+    assert_eq!(checkpoint["surfaceOp"]["op"], "replace");
+    let r = sb.run(&["check", "w"]);
+    assert_eq!(r.code, Some(0), "{r:#?}");
+}

@@ -5,7 +5,8 @@
 //!
 //! Covered: a scripted model calling MCP tools (the exact `tool/call` / `tool/result` sequence in
 //! the log), `dsh run` offering MCP tools, `dsh mcp list` (text and JSON), and a bad entry in
-//! `dsh.toml` as one error line naming the key.
+//! `dsh.toml` as one error line naming the key; a tool list the server changes mid-turn (a fixture
+//! server), and a `dsh` killed with SIGKILL taking its servers' whole process groups with it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -354,4 +355,244 @@ async fn a_server_killed_mid_call_ends_the_call_with_an_error_and_the_next_step_
     let last = log.last().map(event_json).expect("a log");
     assert_eq!(last["type"], "turn/end");
     assert_eq!(last["data"]["reason"], json!({"kind": "completed"}));
+}
+
+/// `python3` and the fixture server whose tool list changes (`mcp/tests/support/changing_tools.py`).
+fn changing_tools_server() -> Option<(String, String)> {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../mcp/tests/support/changing_tools.py");
+    let python = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("python3"))
+            .find(|p| p.is_file())
+    });
+    match python {
+        Some(python) => Some((
+            python.to_string_lossy().into_owned(),
+            script.to_string_lossy().into_owned(),
+        )),
+        None => {
+            let message = "python3 is not on PATH (needed by the changing-tools MCP fixture)";
+            if std::env::var("CI").as_deref() == Ok("true") {
+                panic!("{message}");
+            }
+            eprintln!("skipped: {message}");
+            None
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_the_server_adds_mid_turn_is_offered_from_the_next_step_with_a_changed_header() {
+    let Some((python, script)) = changing_tools_server() else {
+        return;
+    };
+    let scenario = Scenario::from_value(&json!({
+        "name": "an MCP server changes its tool list mid-turn",
+        "mcp_servers": {"chg": {"command": python, "args": [script]}},
+        "model": [
+            {"tool_calls": [{"id": "c1", "name": "chg__add_tool", "arguments": "{\"name\":\"greet\"}"}]},
+            {"tool_calls": [{"id": "c2", "name": "chg__greet", "arguments": "{\"text\":\"hi\"}"}]},
+            {"tool_calls": [{"id": "c3", "name": "chg__remove_tool", "arguments": "{\"name\":\"greet\"}"}]},
+            {"text": "done"}
+        ],
+        "actions": [{"followup": "go", "id": "m1"}, {"wait_idle": true}]
+    }))
+    .expect("a valid scenario");
+    let log = dsh_cli::scenario::run_scenario(&scenario)
+        .await
+        .expect("the scenario runs");
+    let seen: Vec<Value> = log
+        .iter()
+        .map(event_json)
+        .filter_map(|e| {
+            let d = &e["data"];
+            match e["type"].as_str()? {
+                "step/start" => Some(json!(["step", d["step"]])),
+                "request/header" => {
+                    let names: Vec<&str> = d["header"]["tools"]
+                        .as_array()?
+                        .iter()
+                        .filter_map(|t| t["name"].as_str())
+                        .collect();
+                    Some(json!(["header", d["reason"], names]))
+                }
+                "tool/call" => Some(json!(["call", d["name"]])),
+                "tool/result" => {
+                    let block = &d["message"]["content"][0];
+                    Some(json!([
+                        "result",
+                        block["content"][0]["text"],
+                        block["isError"]
+                    ]))
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    let before = json!(["chg__add_tool", "chg__remove_tool"]);
+    let with_greet = json!(["chg__add_tool", "chg__greet", "chg__remove_tool"]);
+    assert_eq!(
+        seen,
+        vec![
+            json!(["step", 1]),
+            json!(["header", "initial", before]),
+            json!(["call", "chg__add_tool"]),
+            json!(["result", "added greet", false]),
+            json!(["step", 2]),
+            json!(["header", "change", with_greet]),
+            json!(["call", "chg__greet"]),
+            json!(["result", "greet says hi", false]),
+            json!(["step", 3]),
+            json!(["call", "chg__remove_tool"]),
+            json!(["result", "removed greet", false]),
+            json!(["step", 4]),
+            json!(["header", "change", before]),
+        ]
+    );
+    let last = log.last().map(event_json).expect("a log");
+    assert_eq!(last["data"]["reason"], json!({"kind": "completed"}));
+}
+
+/// Whether `pid` still runs (a zombie waiting for a reaper counts as gone).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name in parentheses, which may itself hold spaces.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn a_dsh_killed_with_sigkill_takes_its_servers_and_what_they_started_with_it() {
+    let Some((node, index)) = everything() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let pids = tmp.path().join("pids");
+    // The server starts a child of its own first (as `npx` starts `node`): a `sleep` that neither
+    // reads its input nor gets the parent-death signal, so only the process group's watcher can
+    // end it. `$$` is the server's pid after `exec`.
+    let toml = format!(
+        "[mcp_servers.every]\ncommand = \"sh\"\nargs = [\"-c\", {}, {}, {}, {}]\n",
+        json!("sleep 600 & echo $$ $! > \"$2\"; exec \"$0\" \"$1\" stdio"),
+        json!(node),
+        json!(index),
+        json!(pids.to_string_lossy())
+    );
+    std::fs::write(tmp.path().join("dsh.toml"), toml).expect("write dsh.toml");
+    let bin = std::env::var_os("DSH_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_dsh")));
+    let mut chat = Command::new(bin)
+        .args(["chat", "--provider", "sim", "--session", "s1"])
+        .current_dir(tmp.path())
+        .env_remove("DSH_CONFIG")
+        .env_remove("DSH_DATA_DIR")
+        .env_remove("DSH_PROVIDER")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start dsh chat");
+    // The bounds below are hang guards, not timing assertions.
+    let started = std::time::Instant::now();
+    let written = loop {
+        if let Ok(text) = std::fs::read_to_string(&pids)
+            && text.ends_with('\n')
+        {
+            break text;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the server never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let pids: Vec<u32> = written
+        .split_whitespace()
+        .map(|p| p.parse().expect("a pid"))
+        .collect();
+    assert_eq!(pids.len(), 2, "{written}");
+    assert!(pids.iter().all(|&p| alive(p)), "both run before the kill");
+    chat.kill().expect("SIGKILL dsh");
+    let _ = chat.wait();
+    let killed = std::time::Instant::now();
+    while pids.iter().any(|&p| alive(p)) {
+        assert!(
+            killed.elapsed() < std::time::Duration::from_secs(60),
+            "still running after dsh was killed: {:?}",
+            pids.iter().filter(|&&p| alive(p)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// An image result reaches the model as a text line (the data kept in the result's `meta`), so the
+/// OpenAI-compatible request built from the session afterwards is valid: an image block inside a
+/// tool result would be `UNSUPPORTED_CONTENT` on that text path, failing every later request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_result_leaves_the_session_sendable_to_an_openai_compatible_endpoint() {
+    let Some((node, index)) = everything() else {
+        return;
+    };
+    let scenario = Scenario::from_value(&json!({
+        "name": "an MCP image result",
+        "mcp_servers": {"every": {"command": node, "args": [index, "stdio"]}},
+        "model": [
+            {"tool_calls": [{"id": "c1", "name": "every__get-tiny-image", "arguments": "{}"}]},
+            {"text": "a logo"}
+        ],
+        "actions": [{"followup": "show me", "id": "m1"}, {"wait_idle": true}]
+    }))
+    .expect("a valid scenario");
+    let log = dsh_cli::scenario::run_scenario(&scenario)
+        .await
+        .expect("the scenario runs");
+    let result = log
+        .iter()
+        .map(event_json)
+        .find(|e| e["type"] == "tool/result")
+        .expect("a tool result");
+    let block = &result["data"]["message"]["content"][0];
+    assert_eq!(block["isError"], false);
+    let content = block["content"].as_array().expect("content");
+    assert_eq!(content.len(), 1, "{content:?}");
+    assert_eq!(content[0]["type"], "text");
+    let text = content[0]["text"].as_str().expect("text");
+    assert!(text.contains("[image image/png, "), "{text}");
+    let session =
+        dsh::session::Session::from_events(dsh::SessionId::new("img").expect("id"), log.clone())
+            .expect("the log folds");
+    let request = dsh::llm::types::LlmRequest {
+        config: dsh::llm::types::LlmCallConfig {
+            provider: "openai".into(),
+            model: "deepseek-chat".into(),
+            ..Default::default()
+        },
+        system: None,
+        tools: Vec::new(),
+        messages: session.history(),
+        session_id: None,
+        purpose: None,
+    };
+    let body = dsh::llm::openai::serialize_request(&Default::default(), &request)
+        .expect("the request after an image result is valid on the text path");
+    let body: Value = serde_json::from_slice(&body).expect("JSON");
+    let tool_message = body["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("the tool message");
+    assert_eq!(tool_message["tool_call_id"], "c1");
+    assert!(
+        tool_message["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("[image image/png, ")),
+        "{tool_message}"
+    );
 }

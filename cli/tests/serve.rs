@@ -229,6 +229,13 @@ async fn bad_input_is_refused_naming_the_field() {
             "field `message`",
         ),
         (
+            // A message's own keys are strict (server input is not a log): the unknown key is named.
+            json!({"message": {"id": "x", "role": "user", "content": [{"type": "text", "text": "a"}], "source": {"kind": "user"}, "metadata": {}}}),
+            400,
+            "bad_request",
+            "field `message`: unknown field `metadata`",
+        ),
+        (
             json!({"text": "x".repeat(1_100_000)}),
             413,
             "too_large",
@@ -302,8 +309,15 @@ async fn bad_input_is_refused_naming_the_field() {
     let (got, answer) = s.call("POST", "/v1/sessions/a/compact", None).await;
     assert_eq!(
         (got, answer["error"]["code"].as_str()),
-        (501, Some("not_implemented"))
+        (409, Some("nothing_to_compact"))
     );
+    let (got, answer) = s.call("POST", "/v1/sessions/nope/compact", None).await;
+    assert_eq!(
+        (got, answer["error"]["code"].as_str()),
+        (404, Some("not_found"))
+    );
+    let (_, info) = s.call("GET", "/v1/sessions/a", None).await;
+    assert_eq!(info["events"], 0, "a refused compaction writes nothing");
     assert!(s.stop().success());
 }
 

@@ -3,19 +3,23 @@
 //!
 //! A stdio server is started with dsh's API keys removed from its environment (unless its entry
 //! names them), its stderr discarded (so it cannot write over `chat`), `kill_on_drop`, and a
-//! parent-death signal, so it dies with `dsh` even when `dsh` is killed with SIGKILL.
+//! parent-death signal, so it dies with `dsh` even when `dsh` is killed with SIGKILL. What it starts
+//! in turn (`npx` → `node`, `sh -c` → anything) dies too: the server runs in a process group led by a
+//! watcher (`Group`) that kills the group when `dsh` dies, and the group is killed when the
+//! connection is dropped (stop, restart, host shutdown).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 
-use rmcp::model::Tool as RmcpTool;
-use rmcp::service::{NotificationContext, RunningService};
+use rmcp::model::{JsonRpcMessage, ServerNotification, Tool as RmcpTool};
+use rmcp::service::{NotificationContext, RunningService, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess, Transport};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 
-use crate::config::{API_KEY_VARIABLES, ServerConfig, Transport};
+use crate::config::{API_KEY_VARIABLES, ServerConfig, Transport as Via};
+use crate::server::McpServer;
 
 /// The most tools taken from one server (the rest are left out with a warning).
 pub const TOOLS_MAX: usize = 512;
@@ -37,16 +41,59 @@ pub struct McpToolInfo {
     pub read_only: bool,
 }
 
-/// The client side of a connection: it notes `notifications/tools/list_changed`.
+/// The client side of a connection. A `notifications/tools/list_changed` is noted twice: at once by
+/// the transport (`Watched`, in the order messages arrive, so before the answer to a call during
+/// which the server changed its list), and by this handler, which re-reads the list in the
+/// background when the change came outside a call.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Handler {
     /// Set when the server said its tool list changed; cleared when the list is read again.
     pub(crate) list_changed: Arc<AtomicBool>,
+    /// The server, told to re-read its list.
+    pub(crate) server: Weak<McpServer>,
 }
 
 impl ClientHandler for Handler {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.list_changed.store(true, Ordering::Release);
+        if let Some(server) = self.server.upgrade() {
+            server.sync_tools_now().await;
+        }
+    }
+}
+
+/// A transport that notes `notifications/tools/list_changed` as it reads it, before anything after
+/// it (the answer to the call that changed the list) reaches a caller.
+struct Watched<T> {
+    inner: T,
+    list_changed: Arc<AtomicBool>,
+}
+
+impl<T: Transport<RoleClient>> Transport<RoleClient> for Watched<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        let message = self.inner.receive().await;
+        if let Some(JsonRpcMessage::Notification(n)) = &message
+            && matches!(
+                n.notification,
+                ServerNotification::ToolListChangedNotification(_)
+            )
+        {
+            self.list_changed.store(true, Ordering::Release);
+        }
+        message
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
     }
 }
 
@@ -79,9 +126,12 @@ pub enum ConnectError {
 }
 
 /// Opens a connection to `config`'s server and reads its tools, within the startup timeout.
-pub(crate) async fn connect(config: &ServerConfig) -> Result<Opened, ConnectError> {
+pub(crate) async fn connect(
+    config: &ServerConfig,
+    server: Weak<McpServer>,
+) -> Result<Opened, ConnectError> {
     let limit = config.startup_timeout;
-    match tokio::time::timeout(limit, open_and_list(config)).await {
+    match tokio::time::timeout(limit, open_and_list(config, server)).await {
         Ok(result) => result,
         Err(_) => Err(ConnectError::Timeout(limit.as_millis())),
     }
@@ -97,13 +147,23 @@ pub(crate) struct Opened {
     pub(crate) handler: Handler,
     /// The process id of a stdio server.
     pub(crate) pid: Option<u32>,
+    /// The process group of a stdio server; dropping it kills the group.
+    pub(crate) group: Option<Group>,
 }
 
-async fn open_and_list(config: &ServerConfig) -> Result<Opened, ConnectError> {
-    let handler = Handler::default();
+async fn open_and_list(
+    config: &ServerConfig,
+    server: Weak<McpServer>,
+) -> Result<Opened, ConnectError> {
+    let handler = Handler {
+        list_changed: Arc::default(),
+        server,
+    };
+    let mut group = None;
+
     let mut pid = None;
     let service = match &config.transport {
-        Transport::Stdio {
+        Via::Stdio {
             command,
             args,
             env,
@@ -121,6 +181,10 @@ async fn open_and_list(config: &ServerConfig) -> Result<Opened, ConnectError> {
                 cmd.current_dir(dir);
             }
             die_with_parent(&mut cmd);
+            group = Group::start();
+            // A group of its own when the watcher could not start (it is then unwatched, but still
+            // killed as a group on drop).
+            cmd.process_group(group.as_ref().map_or(0, |g| g.pgid));
             let spawn_err = |e: std::io::Error| ConnectError::Spawn {
                 command: command.clone(),
                 cause: e.to_string(),
@@ -130,13 +194,21 @@ async fn open_and_list(config: &ServerConfig) -> Result<Opened, ConnectError> {
                 .spawn()
                 .map_err(spawn_err)?;
             pid = transport.id();
+            if group.is_none() {
+                group = pid
+                    .and_then(|p| i32::try_from(p).ok())
+                    .map(Group::unwatched);
+            }
             handler
                 .clone()
-                .serve(transport)
+                .serve(Watched {
+                    inner: transport,
+                    list_changed: Arc::clone(&handler.list_changed),
+                })
                 .await
                 .map_err(|e| ConnectError::Handshake(e.to_string()))?
         }
-        Transport::Http {
+        Via::Http {
             url,
             bearer_token_env,
         } => {
@@ -152,7 +224,10 @@ async fn open_and_list(config: &ServerConfig) -> Result<Opened, ConnectError> {
             let transport = StreamableHttpClientTransport::from_config(http);
             handler
                 .clone()
-                .serve(transport)
+                .serve(Watched {
+                    inner: transport,
+                    list_changed: Arc::clone(&handler.list_changed),
+                })
                 .await
                 .map_err(|e| ConnectError::Handshake(e.to_string()))?
         }
@@ -163,6 +238,7 @@ async fn open_and_list(config: &ServerConfig) -> Result<Opened, ConnectError> {
         tools,
         handler,
         pid,
+        group,
     })
 }
 
@@ -241,5 +317,68 @@ fn die_with_parent(cmd: &mut tokio::process::Command) {
             }
             Ok(())
         });
+    }
+}
+
+/// The process group a stdio server runs in, led by a watcher that kills the group when `dsh`
+/// dies: the parent-death signal reaches only the server's own process, not what it starts. The
+/// watcher (`sh`) reads a pipe whose only writer is `lifeline`, held by `dsh`; when `dsh` exits,
+/// however it exits, the kernel closes it, the read ends and the watcher runs `kill -KILL 0`. The
+/// watcher starts first, so the server never runs unwatched. Dropping a `Group` kills the group.
+///
+/// What cannot be contained: a process that leaves the group (`setsid`, `setpgid`) or double-forks
+/// out of it.
+pub(crate) struct Group {
+    /// The group's id (the watcher's pid, or the server's when there is no watcher).
+    pgid: i32,
+    /// The watcher; reaped by tokio once dropped.
+    _watcher: Option<tokio::process::Child>,
+    /// The write end of the watcher's pipe.
+    _lifeline: Option<std::io::PipeWriter>,
+}
+
+impl Group {
+    /// Starts the watcher in a new process group; `None` when it cannot start (out of processes,
+    /// no pipe).
+    fn start() -> Option<Group> {
+        let (reader, lifeline) = std::io::pipe().ok()?;
+        let watcher = tokio::process::Command::new("sh")
+            .args(["-c", "read -r _; kill -KILL 0"])
+            .stdin(std::process::Stdio::from(reader))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .ok()?;
+        let pgid = i32::try_from(watcher.id()?).ok()?;
+        Some(Group {
+            pgid,
+            _watcher: Some(watcher),
+            _lifeline: Some(lifeline),
+        })
+    }
+
+    /// The group the server leads itself (no watcher).
+    fn unwatched(pgid: i32) -> Group {
+        Group {
+            pgid,
+            _watcher: None,
+            _lifeline: None,
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.pgid) {
+            // ESRCH (the group is already gone) is the expected outcome after a clean exit.
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group").field("pgid", &self.pgid).finish()
     }
 }

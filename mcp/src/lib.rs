@@ -19,7 +19,7 @@ pub mod tool;
 
 use std::sync::Arc;
 
-use dsh::tools::ToolRegistry;
+use dsh::tools::{Tool, ToolRegistry, ToolSource};
 
 pub use config::{ConfigError, ServerConfig, ServerEntry, Transport};
 pub use connect::{ConnectError, McpToolInfo};
@@ -63,13 +63,13 @@ impl McpServers {
         self.servers.is_empty()
     }
 
-    /// Every known tool of every server, as `SERVER__TOOL` tools ready to register.
+    /// Every server's tools, as `SERVER__TOOL` tools ready to layer under a host's: each server is
+    /// a `ToolSource`, so a list the server changes (`notifications/tools/list_changed`) reaches
+    /// every agent at its next step.
     pub fn tools(&self) -> ToolRegistry {
         let mut registry = ToolRegistry::new();
         for server in &self.servers {
-            for info in server.status().tools {
-                registry.register(Arc::new(McpTool::new(Arc::clone(server), info)));
-            }
+            registry.add_source(Arc::new(ServerTools(Arc::clone(server))));
         }
         registry
     }
@@ -84,5 +84,22 @@ impl McpServers {
         for server in &self.servers {
             server.stop().await;
         }
+    }
+}
+
+/// One server's tools as a changing source.
+struct ServerTools(Arc<McpServer>);
+
+impl ToolSource for ServerTools {
+    fn generation(&self) -> u64 {
+        self.0.tools_generation()
+    }
+
+    fn tools(&self) -> Vec<Arc<dyn Tool>> {
+        self.0
+            .tools()
+            .into_iter()
+            .map(|info| Arc::new(McpTool::new(Arc::clone(&self.0), info)) as Arc<dyn Tool>)
+            .collect()
     }
 }

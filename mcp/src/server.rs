@@ -13,8 +13,8 @@
 //! within the startup timeout is retired too, so a hung server is restarted rather than timing out
 //! every call.
 
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use dsh::session::event::ToolErrorInfo;
@@ -72,6 +72,11 @@ struct Known {
     tools: Vec<McpToolInfo>,
     handler: connect::Handler,
     pid: Option<u32>,
+    /// Held while the tool list is read again, so a caller that saw the change waits for it.
+    relisting: tokio::sync::Mutex<()>,
+    /// A stdio server's process group, killed when the connection is dropped. Declared last: it
+    /// drops after the service, so the server first sees its input close.
+    _group: Option<connect::Group>,
 }
 
 enum State {
@@ -93,6 +98,10 @@ pub struct McpServer {
     opening: tokio::sync::Mutex<()>,
     /// The tools as last listed, kept across a restart for listings.
     tools: Mutex<Vec<McpToolInfo>>,
+    /// Moves each time `tools` is replaced (`ToolSource::generation`).
+    generation: AtomicU64,
+    /// This server, for its connections' handlers.
+    me: Weak<McpServer>,
 }
 
 impl std::fmt::Debug for McpServer {
@@ -106,11 +115,13 @@ impl std::fmt::Debug for McpServer {
 impl McpServer {
     /// A server that connects when first needed (or when `connect` is called).
     pub fn new(config: ServerConfig) -> Arc<McpServer> {
-        Arc::new(McpServer {
+        Arc::new_cyclic(|me| McpServer {
             config,
             state: Mutex::new(State::NotStarted),
             opening: tokio::sync::Mutex::new(()),
             tools: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(0),
+            me: me.clone(),
         })
     }
 
@@ -161,7 +172,7 @@ impl McpServer {
         }
     }
 
-    /// Reads the tool list again (after `tools_changed`), and returns it.
+    /// Reads the tool list again (after `tools_changed`, or at any time), and returns it.
     ///
     /// # Errors
     /// The reason the server is unavailable or the list could not be read.
@@ -170,16 +181,65 @@ impl McpServer {
         live.opened
             .handler
             .list_changed
-            .store(false, Ordering::Release);
-        let listed = tokio::time::timeout(
-            self.config.startup_timeout,
+            .store(true, Ordering::Release);
+        self.sync_tools(&live).await?;
+        Ok(self.tools_lock().clone())
+    }
+
+    /// The tools as last listed (what agents see from their next step on).
+    pub fn tools(&self) -> Vec<McpToolInfo> {
+        self.tools_lock().clone()
+    }
+
+    /// Moves each time the tool list is replaced (at each connection and each change read).
+    pub fn tools_generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Reads the list again if the current connection said it changed (a handler's background
+    /// work; a failure is logged and the change stays noted for the next call).
+    pub(crate) async fn sync_tools_now(&self) {
+        if let Ok(Some(live)) = self.ready() {
+            let _ = self.sync_tools(&live).await;
+        }
+    }
+
+    /// Reads the list again if `live` said it changed; a caller that arrives while another reads it
+    /// waits for that read, so once this returns every change noted before it is taken in.
+    async fn sync_tools(&self, live: &Live) -> Result<(), String> {
+        let flag = &live.opened.handler.list_changed;
+        if !flag.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let _relisting = live.opened.relisting.lock().await;
+        if !flag.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let limit = self.config.startup_timeout;
+        let listed = match tokio::time::timeout(
+            limit,
             connect::list_tools(&self.config.name, &live.service),
         )
         .await
-        .map_err(|_| ConnectError::Timeout(self.config.startup_timeout.as_millis()).to_string())?
-        .map_err(|e| e.to_string())?;
-        *self.tools_lock() = listed.clone();
-        Ok(listed)
+        {
+            Ok(Ok(listed)) => listed,
+            failed => {
+                flag.store(true, Ordering::Release);
+                return Err(match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => ConnectError::Timeout(limit.as_millis()).to_string(),
+                });
+            }
+        };
+        tracing::debug!(server = %self.config.name, tools = listed.len(), "tool list changed");
+        self.set_tools(listed);
+        Ok(())
+    }
+
+    /// Replaces the tool list and moves the generation.
+    fn set_tools(&self, tools: Vec<McpToolInfo>) {
+        *self.tools_lock() = tools;
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Closes the connection (killing a stdio server); later calls fail with `MCP_UNAVAILABLE`.
@@ -222,7 +282,14 @@ impl McpServer {
         let call = live.service.peer().call_tool_once(params);
         let limit = self.config.call_timeout;
         let answer = match tokio::time::timeout(limit, call).await {
-            Ok(answer) => answer,
+            Ok(answer) => {
+                // A tool list the server changed during the call is read before the result is
+                // returned, so the step after this call sees it (a failure to read it is logged).
+                if let Err(e) = self.sync_tools(&live).await {
+                    tracing::warn!(server = %self.config.name, "reading the changed tool list: {e}");
+                }
+                answer
+            }
             Err(_) => {
                 self.check_alive(live);
                 return content::failure(
@@ -299,7 +366,7 @@ impl McpServer {
     /// Opens a connection after `failures` failed attempts in a row, recording the outcome.
     async fn open(&self, failures: u32) -> Result<Arc<Live>, String> {
         tracing::debug!(server = %self.config.name, "starting MCP server");
-        match connect::connect(&self.config).await {
+        match connect::connect(&self.config, self.me.clone()).await {
             Ok(opened) => {
                 let live = Arc::new(Live {
                     service: opened.service,
@@ -307,9 +374,11 @@ impl McpServer {
                         tools: opened.tools,
                         handler: opened.handler,
                         pid: opened.pid,
+                        relisting: tokio::sync::Mutex::new(()),
+                        _group: opened.group,
                     },
                 });
-                *self.tools_lock() = live.opened.tools.clone();
+                self.set_tools(live.opened.tools.clone());
                 let mut state = self.lock();
                 if matches!(*state, State::Stopped) {
                     return Err(self.stopped());

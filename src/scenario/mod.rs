@@ -14,7 +14,12 @@
 //!   the run fails with a timeout; default 10 000); `mcp_servers` (an object of MCP server entries
 //!   by name, each as `[mcp_servers.NAME]` in `dsh.toml`, SPEC §16: their tools join `tools` as
 //!   `NAME__TOOL`; the runner checks and starts them, the format only requires objects).
-//! - `agent`: `model` (default `scripted`), `system`, `tool_grace_ms`, `tool_timeout_ms`.
+//! - `agent`: `model` (default `scripted`), `system`, `tool_grace_ms`, `tool_timeout_ms`, and
+//!   `compaction` (SPEC §15: `context_window`, `threshold_ratio`, `retain_ratio`, `auto`, as the
+//!   `[compaction]` table of `dsh.toml`).
+//! - `actions`: `{"compact": true}` compacts by hand (only while idle; done once its
+//!   `compaction/start` is durable). The summariser consumes the next `model` entry. `wait_for` and
+//!   `expect` accept the `compaction/*` types.
 //! - `tool_behaviour` entries: `error` may be an object `{message, name, code}` (the `tool/result`
 //!   then carries `error: {name, code}`); `ignore_cancel: true` makes a gated or delayed tool keep
 //!   waiting after its turn is cancelled (an uncooperative tool, so an abort converges only when its
@@ -32,7 +37,8 @@
 //! Message ids: an input action without `id` gets `action-<index>`; a `pre_step` rewrite message
 //! `pre-step-<entry>-<i>`; a `turn_stopping` message `turn-stopping-<entry>`; a tool's additional
 //! context `<call id>-context-<i>`. So every printed log is the same from run to run, apart from the
-//! ids the runtime mints (assistant and tool-result messages, retry chains).
+//! ids the runtime mints (assistant and tool-result messages, retry chains, compaction ids and
+//! checkpoint messages).
 //!
 //! The parts: this module holds the parsed types and `ScenarioError`; `parse` reads and validates
 //! a document (`Scenario::parse`); `expect` compares a log with the `expect` section
@@ -73,6 +79,10 @@ pub const WRITTEN_EVENT_TYPES: &[&str] = &[
     "llm/retry",
     "llm/retry-started",
     "session/end-seed",
+    "compaction/start",
+    "compaction/summary",
+    "compaction/end",
+    "compaction/prune",
 ];
 
 /// How long one action may take unless the scenario says otherwise.
@@ -173,6 +183,9 @@ pub struct AgentSection {
     pub tool_grace_ms: Option<u64>,
     /// How long one tool call may run (no bound when unset). Invariant: at least 1 when set.
     pub tool_timeout_ms: Option<u64>,
+    /// `agent.compaction` (an extension, SPEC §15): `context_window`, `threshold_ratio`,
+    /// `retain_ratio`, `auto`. Invariant: valid (`CompactionSettings::validate`).
+    pub compaction: crate::session::compaction::CompactionSettings,
 }
 
 impl Default for AgentSection {
@@ -184,6 +197,7 @@ impl Default for AgentSection {
             system: None,
             tool_grace_ms: None,
             tool_timeout_ms: None,
+            compaction: crate::session::compaction::CompactionSettings::default(),
         }
     }
 }
@@ -343,6 +357,9 @@ pub enum Action {
     WaitIdle,
     /// Stop the agent and resume it from its stored log.
     Restart,
+    /// Compact the history by hand (an extension, SPEC §15): only while idle; done once the
+    /// compaction's `compaction/start` is durable (its end comes before the agent is idle again).
+    Compact,
 }
 
 impl fmt::Display for Action {
@@ -362,6 +379,7 @@ impl fmt::Display for Action {
             Action::WaitFor { kind, count } => write!(f, "wait_for {count} {kind}"),
             Action::WaitIdle => write!(f, "wait_idle"),
             Action::Restart => write!(f, "restart"),
+            Action::Compact => write!(f, "compact"),
         }
     }
 }

@@ -66,6 +66,22 @@ struct RawAgent {
     tool_grace_ms: Option<u64>,
     #[serde(default)]
     tool_timeout_ms: Option<u64>,
+    #[serde(default)]
+    compaction: Option<RawCompaction>,
+}
+
+/// `agent.compaction` (SPEC §15).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCompaction {
+    #[serde(default)]
+    context_window: Option<u64>,
+    #[serde(default)]
+    threshold_ratio: Option<f64>,
+    #[serde(default)]
+    retain_ratio: Option<f64>,
+    #[serde(default)]
+    auto: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -186,6 +202,8 @@ struct RawAction {
     wait_idle: Option<bool>,
     #[serde(default)]
     restart: Option<bool>,
+    #[serde(default)]
+    compact: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -431,6 +449,19 @@ fn parse_agent(v: &Value) -> Result<AgentSection, ScenarioError> {
         return Err(invalid("agent.tool_timeout_ms", "must be at least 1"));
     }
     agent.tool_timeout_ms = raw.tool_timeout_ms;
+    if let Some(c) = raw.compaction {
+        let defaults = &agent.compaction;
+        let settings = crate::session::compaction::CompactionSettings {
+            context_window: c.context_window,
+            threshold_ratio: c.threshold_ratio.unwrap_or(defaults.threshold_ratio),
+            retain_ratio: c.retain_ratio.unwrap_or(defaults.retain_ratio),
+            auto: c.auto.unwrap_or(defaults.auto),
+        };
+        settings
+            .validate()
+            .map_err(|e| invalid("agent.compaction", e))?;
+        agent.compaction = settings;
+    }
     Ok(agent)
 }
 
@@ -710,6 +741,7 @@ fn check_action_shape(path: &str, raw: &RawAction) -> Result<(), ScenarioError> 
         ("wait_for", raw.wait_for.is_some()),
         ("wait_idle", raw.wait_idle.is_some()),
         ("restart", raw.restart.is_some()),
+        ("compact", raw.compact.is_some()),
     ]
     .iter()
     .filter(|(_, present)| *present)
@@ -719,7 +751,7 @@ fn check_action_shape(path: &str, raw: &RawAction) -> Result<(), ScenarioError> 
         return Err(invalid(
             path,
             format!(
-                "an action has exactly one verb (followup, steer, inject, cancel, remove, replace, open, wait_for, wait_idle, restart), found {}: [{}]",
+                "an action has exactly one verb (followup, steer, inject, cancel, remove, replace, open, wait_for, wait_idle, restart, compact), found {}: [{}]",
                 verbs.len(),
                 verbs.join(", ")
             ),
@@ -845,12 +877,14 @@ fn parse_wait_for(path: &str, w: &RawWaitFor) -> Result<Action, ScenarioError> {
 
 /// `wait_idle: true` or `restart: true`, the verbs that are flags.
 fn parse_flag_action(path: &str, raw: &RawAction) -> Result<Action, ScenarioError> {
-    match (raw.wait_idle, raw.restart) {
-        (Some(true), _) => Ok(Action::WaitIdle),
-        (Some(false), _) => Err(invalid(path, "wait_idle must be true")),
-        (None, Some(true)) => Ok(Action::Restart),
-        (None, Some(false)) => Err(invalid(path, "restart must be true")),
-        (None, None) => unreachable!("check_action_shape counted exactly one verb"),
+    match (raw.wait_idle, raw.restart, raw.compact) {
+        (Some(true), _, _) => Ok(Action::WaitIdle),
+        (Some(false), _, _) => Err(invalid(path, "wait_idle must be true")),
+        (None, Some(true), _) => Ok(Action::Restart),
+        (None, Some(false), _) => Err(invalid(path, "restart must be true")),
+        (None, None, Some(true)) => Ok(Action::Compact),
+        (None, None, Some(false)) => Err(invalid(path, "compact must be true")),
+        (None, None, None) => unreachable!("check_action_shape counted exactly one verb"),
     }
 }
 

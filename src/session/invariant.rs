@@ -8,9 +8,23 @@
 //! must be inside a turn; `llm/retry` and `llm/retry-started` must name the open step. Everything else
 //! (idle `user/message`s, plugin events, `session/end-seed`) is unconstrained.
 //!
+//! Compaction (§8.5): a `compaction/start` may not open while another is open; a numeric `turn`
+//! must be the open turn, `null` requires no open turn; `compaction/summary` and `compaction/end`
+//! name the open compaction (id and `sourceCommandId`); at most one summary, whose `shadowedSeqs`
+//! are non-empty with `shadowedRange` their first and last and a `shadowedTokenCount` that is a safe
+//! integer; `end.turn` repeats the start's; an `end` without `error` needs the summary; a replacing
+//! checkpoint `user/message` (source plugin `compact`) belongs to the open compaction, after its
+//! summary (outside any compaction one is accepted, as the original's own snapshots write one
+//! without a bracket); `turn/start` and `turn/end` may not occur while a compaction is open; `compaction/prune`
+//! lies inside a turn. An open compaction followed by `session/end-seed` is stale (its process
+//! died): the marker closes it. So is one whose turn crash repair closes: a `turn/end
+//! {interrupted}` (written only by repair, just before the end-seed of the next loop instance) ends
+//! the lock with the turn.
+//!
 //! `Tracker` checks one event at a time (for debug builds of the runtime); `check` folds a whole log.
 
-use crate::session::event::{Event, EventData, SurfaceOp};
+use crate::session::compaction::{CompactionEvent, checkpoint_id};
+use crate::session::event::{Event, EventData, SurfaceOp, TurnEndReason};
 use crate::session::repair::TOOL_NOT_STARTED;
 
 /// The first event that breaks a relational rule.
@@ -33,7 +47,22 @@ pub struct Tracker {
     next_step: u64,
     /// Calls logged in the open step and not yet answered.
     pending_calls: Vec<String>,
+    /// The compaction between its `compaction/start` and `compaction/end`, if any (the lock).
+    open_compaction: Option<OpenCompaction>,
 }
+
+/// The lock of one compaction in progress.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct OpenCompaction {
+    id: String,
+    source_command_id: Option<String>,
+    /// The start's `turn` (`None`: manual, between turns).
+    owner: Option<u64>,
+    summarised: bool,
+}
+
+/// The largest integer JavaScript represents exactly (`Number.MAX_SAFE_INTEGER`).
+const SAFE_INTEGER_MAX: u64 = (1 << 53) - 1;
 
 impl Tracker {
     /// The trace of an empty log: no turn open, turn 1 next.
@@ -78,9 +107,33 @@ impl Tracker {
             return Err(format!("seq must strictly increase (after {last})"));
         }
         let kind = event.kind();
+        if let Some(read) = CompactionEvent::read(event) {
+            return self.compaction(read?);
+        }
         match &event.data {
-            EventData::TurnStart(t) => self.turn_start(t.turn),
-            EventData::TurnEnd(t) => self.turn_end(t.turn),
+            EventData::TurnStart(t) => {
+                self.no_compaction_open("turn/start")?;
+                self.turn_start(t.turn)
+            }
+            EventData::TurnEnd(t) => {
+                if t.reason == TurnEndReason::Interrupted {
+                    // Crash repair closes a dead lifecycle's turn, and its lock with it.
+                    self.turn_end(t.turn)?;
+                    self.open_compaction = None;
+                    return Ok(());
+                }
+                self.no_compaction_open("turn/end")?;
+                self.turn_end(t.turn)
+            }
+            EventData::SessionEndSeed => {
+                // A lock still open here belongs to a dead process lifecycle: stale.
+                self.open_compaction = None;
+                Ok(())
+            }
+            EventData::UserMessage(m) => match (checkpoint_id(m), event.surface_op) {
+                (Some(id), Some(SurfaceOp::Replace { .. })) => self.checkpoint(id),
+                _ => Ok(()),
+            },
             EventData::StepStart(s) => self.step_start(s.turn, s.step),
             EventData::StepEnd(s) => {
                 self.names_open_step(kind, s.turn, s.step)?;
@@ -103,6 +156,128 @@ impl Tracker {
             EventData::Other { kind, .. } if kind == "todo/write" => self.turn_enclosed(kind),
             _ => Ok(()),
         }
+    }
+
+    fn no_compaction_open(&self, kind: &str) -> Result<(), String> {
+        match &self.open_compaction {
+            Some(c) => Err(format!("{kind} while compaction {} is open", c.id)),
+            None => Ok(()),
+        }
+    }
+
+    /// A `compaction/*` event (§8.5).
+    fn compaction(&mut self, event: CompactionEvent) -> Result<(), String> {
+        match event {
+            CompactionEvent::Start(start) => {
+                if let Some(open) = &self.open_compaction {
+                    return Err(format!(
+                        "compaction/start {} while compaction {} is open",
+                        start.compaction_id, open.id
+                    ));
+                }
+                match (start.turn, self.open_turn) {
+                    (Some(t), open) if open != Some(t) => {
+                        return Err(format!(
+                            "compaction/start owned by turn {t} but open turn is {open:?}"
+                        ));
+                    }
+                    (None, Some(open)) => {
+                        return Err(format!(
+                            "compaction/start with turn null while turn {open} is open"
+                        ));
+                    }
+                    _ => {}
+                }
+                self.open_compaction = Some(OpenCompaction {
+                    id: start.compaction_id,
+                    source_command_id: start.source_command_id,
+                    owner: start.turn,
+                    summarised: false,
+                });
+                Ok(())
+            }
+            CompactionEvent::Summary(summary) => {
+                let open = self.matching("compaction/summary", &summary.compaction_id)?;
+                if open.source_command_id != summary.source_command_id {
+                    return Err(
+                        "compaction/summary sourceCommandId does not match its start".into(),
+                    );
+                }
+                if open.summarised {
+                    return Err(format!(
+                        "compaction {} has a second compaction/summary",
+                        open.id
+                    ));
+                }
+                check_shadowed(
+                    "compaction/summary",
+                    &summary.shadowed_seqs,
+                    summary.shadowed_range,
+                    summary.shadowed_token_count,
+                )?;
+                if let Some(open) = self.open_compaction.as_mut() {
+                    open.summarised = true;
+                }
+                Ok(())
+            }
+            CompactionEvent::End(end) => {
+                let open = self.matching("compaction/end", &end.compaction_id)?;
+                if open.source_command_id != end.source_command_id {
+                    return Err("compaction/end sourceCommandId does not match its start".into());
+                }
+                if open.owner != end.turn {
+                    return Err(format!(
+                        "compaction/end turn {:?} does not match its start's {:?}",
+                        end.turn, open.owner
+                    ));
+                }
+                if end.error.is_none() && !open.summarised {
+                    return Err(format!(
+                        "compaction/end without error for compaction {} that has no summary",
+                        open.id
+                    ));
+                }
+                self.open_compaction = None;
+                Ok(())
+            }
+            CompactionEvent::Prune(prune) => {
+                self.turn_enclosed("compaction/prune")?;
+                check_shadowed(
+                    "compaction/prune",
+                    &prune.shadowed_seqs,
+                    prune.shadowed_range,
+                    prune.shadowed_token_count,
+                )
+            }
+        }
+    }
+
+    /// The open compaction, which `kind` names by `id`.
+    fn matching(&self, kind: &str, id: &str) -> Result<&OpenCompaction, String> {
+        match &self.open_compaction {
+            Some(open) if open.id == id => Ok(open),
+            Some(open) => Err(format!(
+                "{kind} for compaction {id} but compaction {} is open",
+                open.id
+            )),
+            None => Err(format!("{kind} for compaction {id} with none open")),
+        }
+    }
+
+    /// A replacing checkpoint message written while a compaction is open belongs to it, after its
+    /// summary. Outside any compaction it is not refused: the original's own snapshots append such
+    /// a replacement without a bracket (a test's surface `replace`), and the original loads them.
+    fn checkpoint(&self, id: &str) -> Result<(), String> {
+        if self.open_compaction.is_none() {
+            return Ok(());
+        }
+        let open = self.matching("compaction checkpoint user/message", id)?;
+        if !open.summarised {
+            return Err(format!(
+                "compaction checkpoint for compaction {id} before its summary"
+            ));
+        }
+        Ok(())
     }
 
     /// `turn/start`: no turn open, and the number is the next one.
@@ -208,6 +383,30 @@ impl Tracker {
         }
         Ok(())
     }
+}
+
+/// `shadowedSeqs` is non-empty, `shadowedRange` is its first and last, the count a safe integer.
+fn check_shadowed(
+    kind: &str,
+    seqs: &[u64],
+    range: crate::session::compaction::SeqRange,
+    token_count: u64,
+) -> Result<(), String> {
+    let (Some(&first), Some(&last)) = (seqs.first(), seqs.last()) else {
+        return Err(format!("{kind} shadowedSeqs must not be empty"));
+    };
+    if range.start != first || range.end != last {
+        return Err(format!(
+            "{kind} shadowedRange {}..{} is not the first and last of shadowedSeqs ({first}..{last})",
+            range.start, range.end
+        ));
+    }
+    if token_count > SAFE_INTEGER_MAX {
+        return Err(format!(
+            "{kind} shadowedTokenCount {token_count} is not a safe integer"
+        ));
+    }
+    Ok(())
 }
 
 fn is_error_result(r: &crate::session::event::ToolResultEvent) -> bool {
@@ -726,5 +925,146 @@ mod catalogue_tests {
             Ok(())
         );
         assert!(!is_balanced(&log(&[ts(1), end_seed()])));
+    }
+
+    fn cstart(id: &str, turn: &str) -> String {
+        format!(
+            r#"{{"type":"compaction/start","seq":SEQ,"time":0,"data":{{"compactionId":"{id}","turn":{turn}}}}}"#
+        )
+    }
+    fn csummary(id: &str, seqs: &str, range: (u64, u64)) -> String {
+        format!(
+            r#"{{"type":"compaction/summary","seq":SEQ,"time":0,"data":{{"compactionId":"{id}","summary":[{{"type":"text","text":"s"}}],"shadowedRange":{{"start":{},"end":{}}},"shadowedSeqs":{seqs},"shadowedTokenCount":9,"provider":"p","model":"m"}}}}"#,
+            range.0, range.1
+        )
+    }
+    fn cend(id: &str, turn: &str, error: bool) -> String {
+        let error = if error { r#","error":"x""# } else { "" };
+        format!(
+            r#"{{"type":"compaction/end","seq":SEQ,"time":0,"data":{{"compactionId":"{id}","turn":{turn}{error}}}}}"#
+        )
+    }
+    fn checkpoint(id: &str) -> String {
+        format!(
+            r#"{{"type":"user/message","seq":SEQ,"time":0,"data":{{"content":[],"source":{{"kind":"plugin","plugin":"compact","compactionId":"{id}"}},"role":"user","id":"k"}},"sourceEventSeqs":[0],"surfaceOp":{{"op":"replace","start":0,"end":0}}}}"#
+        )
+    }
+    fn interrupted(turn: u64) -> String {
+        format!(
+            r#"{{"type":"turn/end","seq":SEQ,"time":0,"data":{{"turn":{turn},"reason":{{"kind":"interrupted"}}}}}}"#
+        )
+    }
+
+    /// §8.5: a well-formed manual bracket, an automatic one inside a turn, and a failed one.
+    #[test]
+    fn accepts_compaction_brackets() {
+        let ok = [
+            user(),
+            cstart("a", "null"),
+            csummary("a", "[0]", (0, 0)),
+            checkpoint("a"),
+            cend("a", "null", false),
+            ts(1),
+            cstart("b", "1"),
+            cend("b", "1", true),
+            te(1),
+        ];
+        assert_eq!(check(&log(&ok)), Ok(()));
+        // A checkpoint replacement outside any bracket, as the original's snapshots write one.
+        assert_eq!(check(&log(&[user(), checkpoint("x")])), Ok(()));
+    }
+
+    /// §8.5: every rule names the event that breaks it.
+    #[test]
+    fn rejects_broken_compaction_brackets() {
+        let cases: Vec<(Vec<String>, &str)> = vec![
+            (
+                vec![cstart("a", "null"), cstart("b", "null")],
+                "compaction/start b while compaction a is open",
+            ),
+            (
+                vec![ts(1), cstart("a", "null")],
+                "compaction/start with turn null while turn 1 is open",
+            ),
+            (
+                vec![cstart("a", "1")],
+                "compaction/start owned by turn 1 but open turn is None",
+            ),
+            (
+                vec![cstart("a", "null"), cend("b", "null", true)],
+                "compaction/end for compaction b but compaction a is open",
+            ),
+            (
+                vec![cstart("a", "null"), cend("a", "null", false)],
+                "compaction/end without error for compaction a that has no summary",
+            ),
+            (
+                vec![ts(1), cstart("a", "1"), cend("a", "null", true)],
+                "compaction/end turn None does not match its start's Some(1)",
+            ),
+            (
+                vec![
+                    cstart("a", "null"),
+                    csummary("a", "[1]", (1, 1)),
+                    csummary("a", "[1]", (1, 1)),
+                ],
+                "compaction a has a second compaction/summary",
+            ),
+            (
+                vec![cstart("a", "null"), csummary("a", "[]", (1, 1))],
+                "compaction/summary shadowedSeqs must not be empty",
+            ),
+            (
+                vec![cstart("a", "null"), csummary("a", "[1,2]", (1, 1))],
+                "compaction/summary shadowedRange 1..1 is not the first and last of shadowedSeqs (1..2)",
+            ),
+            (
+                vec![cstart("a", "null"), checkpoint("a")],
+                "compaction checkpoint for compaction a before its summary",
+            ),
+            (
+                vec![cstart("b", "null"), checkpoint("a")],
+                "compaction checkpoint user/message for compaction a but compaction b is open",
+            ),
+            (
+                vec![cstart("a", "null"), ts(1)],
+                "turn/start while compaction a is open",
+            ),
+            (
+                vec![ts(1), cstart("a", "1"), te(1)],
+                "turn/end while compaction a is open",
+            ),
+        ];
+        for (lines, want) in cases {
+            let (_, reason) = violation(&lines);
+            assert_eq!(reason, want, "{lines:?}");
+        }
+    }
+
+    /// §8.5: an unmatched start before `session/end-seed` is stale, so is one whose turn repair
+    /// closes; a new compaction may start after it.
+    #[test]
+    fn a_lock_before_the_end_seed_is_stale() {
+        let manual = [
+            cstart("a", "null"),
+            end_seed(),
+            cstart("b", "null"),
+            cend("b", "null", true),
+        ];
+        assert_eq!(check(&log(&manual)), Ok(()));
+        let automatic = [
+            ts(1),
+            cstart("a", "1"),
+            interrupted(1),
+            end_seed(),
+            ts(2),
+            cstart("b", "2"),
+            cend("b", "2", true),
+            te(2),
+        ];
+        assert_eq!(check(&log(&automatic)), Ok(()));
+        // Without the end-seed the lock is live: busy.
+        let (seq, _) = violation(&[cstart("a", "null"), cstart("b", "null")]);
+        assert_eq!(seq, 1);
     }
 }

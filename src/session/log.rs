@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::ids::SessionId;
-use crate::llm::types::{ContentBlock, Message, RequestHeader, Role};
+use crate::llm::types::{ContentBlock, History, Message, RequestHeader, Role};
 use crate::session::event::{Event, EventData, KNOWN_EVENT_TYPES, RequestContext, SurfaceOp};
 use crate::session::surface::{Surface, SurfaceChange};
 
@@ -110,7 +110,7 @@ pub struct Session {
     ///
     /// Invariant: equals `project(surface.nodes)`; rebuilt from scratch when a replacement commits,
     /// extended in place by appends.
-    messages: Vec<Arc<Message>>,
+    messages: History,
     /// `turn` of the last `turn/start`, or 0.
     last_turn: u64,
     /// The canonical form of the last `request/header` event's header.
@@ -130,7 +130,7 @@ impl Session {
             id,
             events: Vec::new(),
             surface: Surface::default(),
-            messages: Vec::new(),
+            messages: History::new(),
             last_turn: 0,
             header: None,
             context_idx: None,
@@ -258,12 +258,18 @@ impl Session {
     /// The model-visible history: the surface projected to messages (content-less assistant messages
     /// skipped). Each call returns a fresh vector over shared messages.
     pub fn derive_messages(&self) -> Vec<Arc<Message>> {
-        self.messages.clone()
+        self.messages.to_vec()
     }
 
     /// The model-visible history without copying.
-    pub fn messages(&self) -> &[Arc<Message>] {
+    pub fn messages(&self) -> &History {
         &self.messages
+    }
+
+    /// The model-visible history as a snapshot that later appends do not change: one `Arc` clone,
+    /// whatever the length (what a request carries).
+    pub fn history(&self) -> History {
+        self.messages.clone()
     }
 
     /// The number of the last `turn/start` in the log, or 0.

@@ -14,6 +14,7 @@
 //! Who calls this: the agent runtime (`dsh-actors`) appends through its session writer path; stores
 //! hand loaded logs to `Session::from_events`; `dsh check`/`show` read folds.
 
+pub mod compaction;
 pub mod consumed;
 pub mod event;
 pub mod invariant;

@@ -17,7 +17,7 @@ use crate::ids::SessionId;
 use crate::llm::types::{ContentBlock, Message, ToolSchema};
 use crate::session::event::ToolErrorInfo;
 
-pub use registry::ToolRegistry;
+pub use registry::{ToolRegistry, ToolSource};
 
 /// Whether a call may overlap other calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

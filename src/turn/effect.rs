@@ -108,6 +108,17 @@ pub enum Effect {
         /// Why.
         reason: TurnEndReason,
     },
+    /// The answer to `AgentCore::compact_now`: the manual compaction started (its id and the seq of
+    /// its `compaction/start`, to acknowledge once durable), or why it did not.
+    CompactionStarted {
+        /// The start, or why nothing started.
+        result: Result<super::CompactionStarted, super::CompactRefusal>,
+    },
+    /// A compaction ended (its `compaction/end` is appended), for reports.
+    CompactionEnded {
+        /// It ended with an `error` (the history unchanged).
+        failed: bool,
+    },
     /// The agent cannot continue (its log could not be read back): stop and restart from the store.
     Fatal {
         /// Why, for the supervisor's log.

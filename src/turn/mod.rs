@@ -24,8 +24,9 @@
 //!
 //! Files: `mod.rs` the phases, inputs from the handle and the turn/step skeleton; `effect.rs` what
 //! the core asks of the runtime; `request.rs` a step's request attempts, stream and recovery;
-//! `tools.rs` a step's tool batch.
+//! `tools.rs` a step's tool batch; `compaction.rs` compaction's triggers and bracket (SPEC §15).
 
+mod compaction;
 mod effect;
 mod request;
 #[cfg(test)]
@@ -37,6 +38,8 @@ use std::sync::Arc;
 
 use serde_json::Number;
 
+use self::compaction::Compaction;
+pub use self::compaction::{CompactRefusal, CompactionStarted};
 pub use self::effect::{Effect, HookCall, ResolvedProvider, ResolvedTool};
 use self::request::Attempt;
 use self::tools::ToolBatch;
@@ -46,7 +49,8 @@ use crate::ids::{MessageId, MessageIds, SessionId};
 use crate::inbox::{AdmitError, Inbox};
 use crate::limits::Limits;
 use crate::llm::provider::ProviderRegistry;
-use crate::llm::types::{LlmFailure, LlmRequest, Message, codes};
+use crate::llm::types::{History, LlmFailure, LlmRequest, Message, codes};
+use crate::session::compaction::CompactionSettings;
 use crate::session::event::{
     CancelCause, Event, EventData, InboxSpliced, InboxTarget, StepRef, TurnEnd, TurnEndReason,
     TurnStart,
@@ -73,6 +77,8 @@ pub struct AgentConfig {
     pub max_parallel_tool_calls: usize,
     /// The bounds the machine enforces (message sizes, inbox, tool results).
     pub limits: Limits,
+    /// When and how the agent compacts its history (SPEC §15).
+    pub compaction: CompactionSettings,
 }
 
 impl AgentConfig {
@@ -87,6 +93,7 @@ impl AgentConfig {
             system: None,
             max_parallel_tool_calls: 10,
             limits: Limits::DEFAULT,
+            compaction: CompactionSettings::default(),
         }
     }
 }
@@ -205,6 +212,9 @@ struct Run {
     turn_ends: Option<TurnEndReason>,
     /// A step of this turn hit max-tokens: the turn's reason is `max-tokens` (SPEC §3, difference 1).
     max_tokens_seen: bool,
+    /// This activation already recovered from a `CONTEXT_WINDOW_EXCEEDED` by compacting (at most
+    /// once per activation, §8.2).
+    overflow_recovered: bool,
     /// Where the next claim reads: next-turn (first step) or next-step.
     target: InboxTarget,
     stage: Stage,
@@ -223,7 +233,7 @@ enum Stage {
     },
     Request {
         ticket: u64,
-        messages: Vec<Arc<Message>>,
+        messages: History,
     },
     Checkpoint {
         through: u64,
@@ -241,6 +251,9 @@ enum Stage {
         retry: ScheduledRetry,
     },
     Tools(Box<ToolBatch>),
+    /// A compaction runs inside the turn (`AgentCore::compaction`); it continues the turn when it
+    /// ends.
+    Compacting,
     TurnStopping {
         ticket: u64,
     },
@@ -269,6 +282,13 @@ pub struct AgentCore {
     /// What the runtime lent this core (`None` until it is wired, and again once it hibernates: no
     /// hooks, no providers, no ids). Boxed: a dormant core keeps only the pointer's worth.
     wiring: Option<Box<Wiring>>,
+    /// The compaction in progress, between its `compaction/start` and `compaction/end`.
+    ///
+    /// Invariant: `Some` only while the phase is `Running` with stage `Compacting` (automatic) or
+    /// `Maintenance` (manual).
+    compaction: Option<Box<Compaction>>,
+    /// The read-back a manual compaction of a hibernated agent waits for (its ticket).
+    manual_load: Option<u64>,
 }
 
 /// What the runtime lends the core when an actor takes it up: which hook points have hooks, the
@@ -315,6 +335,8 @@ impl AgentCore {
             next_ticket: 1,
             effects: Vec::new(),
             wiring: None,
+            compaction: None,
+            manual_load: None,
         }
     }
 
@@ -367,6 +389,8 @@ impl AgentCore {
             next_ticket: 1,
             effects: Vec::new(),
             wiring: None,
+            compaction: None,
+            manual_load: None,
         };
         if non_empty && !ends_with_seed {
             core.append(EventDraft::log(EventData::SessionEndSeed), now);
@@ -562,6 +586,11 @@ impl AgentCore {
             self.effects.push(Effect::CancelToken);
             if matches!(self.phase, Phase::Running(_)) {
                 self.abort_now(now);
+            } else if self.compaction.is_some() || self.manual_load.is_some() {
+                // A manual compaction: it fails (logged) and the maintenance ends.
+                self.manual_load = None;
+                self.abort_compaction(now);
+                self.end_maintenance(now);
             }
         }
         ack.or(self.pending_ack())
@@ -645,6 +674,9 @@ impl AgentCore {
             return;
         }
         self.durable_seq = through_seq;
+        if self.compaction.is_some() {
+            self.dispatch_summariser_if_durable(now);
+        }
         let Phase::Running(run) = &mut self.phase else {
             return;
         };
@@ -665,9 +697,13 @@ impl AgentCore {
 
     /// The log was read back after hibernation.
     pub fn on_log_loaded(&mut self, ticket: u64, loaded: Result<Vec<Event>, String>, now: i64) {
-        if !self.awaiting(|s| matches!(s, Stage::Loading { ticket: t } if *t == ticket)) {
+        let for_manual = self.manual_load == Some(ticket);
+        if !for_manual
+            && !self.awaiting(|s| matches!(s, Stage::Loading { ticket: t } if *t == ticket))
+        {
             return;
         }
+        self.manual_load = None;
         let Log::Hibernated { next_seq, tail } = mem::replace(
             &mut self.log,
             Log::Hibernated {
@@ -698,9 +734,20 @@ impl AgentCore {
             Ok(session)
         });
         match rebuilt {
+            Ok(session) if for_manual => {
+                self.log = Log::Live(session);
+                self.on_manual_log_loaded(Ok(()), now);
+            }
             Ok(session) => {
                 self.log = Log::Live(session);
                 self.begin_turn(now);
+            }
+            Err(reason) if for_manual => {
+                self.log = Log::Hibernated {
+                    next_seq,
+                    tail: Vec::new(),
+                };
+                self.on_manual_log_loaded(Err(reason), now);
             }
             Err(reason) => {
                 // Keep the counters so nothing is reused; the runtime restarts from the store.
@@ -754,9 +801,20 @@ impl AgentCore {
                 return self.end_turn(TurnEndReason::Completed, false, now);
             }
         }
+        if let Some(messages) = self.compact_under_pressure(proposed, messages, now) {
+            self.enter_step(proposed, messages, now);
+        }
+    }
+
+    /// Opens step `proposed` with the entered batch and starts its first attempt.
+    fn enter_step(&mut self, proposed: u64, messages: Vec<Arc<Message>>, now: i64) {
+        let run = self.run_mut();
         run.step = proposed;
         run.step_open = true;
         let turn = run.turn;
+        // A tool source that changed since the last step (an MCP server's list) is taken in here,
+        // so the whole step — its header, its request, its calls — sees one tool set.
+        self.tools.refresh();
         self.append(
             EventDraft::log(EventData::StepStart(StepRef {
                 turn,
@@ -991,6 +1049,7 @@ impl AgentCore {
             step_open: false,
             turn_ends: None,
             max_tokens_seen: false,
+            overflow_recovered: false,
             target: InboxTarget::NextTurn,
             stage: Stage::Transition,
         }));
@@ -1180,6 +1239,10 @@ impl AgentCore {
                 self.end_turn(reason, false, now);
             }
             Stage::Tools(batch) => self.abort_tools(batch, now),
+            Stage::Compacting => {
+                self.abort_compaction(now);
+                self.end_turn(reason, false, now);
+            }
         }
     }
 }

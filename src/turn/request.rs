@@ -14,8 +14,8 @@ use crate::llm::assembler::BlockAssembler;
 use crate::llm::provider::{ModelInfo, Provider};
 use crate::llm::retry::{RetryPolicy, js_number};
 use crate::llm::types::{
-    AdapterDefaults, FinishReason, LlmCallConfig, LlmFailure, LlmRequest, Message, MessageSource,
-    RequestHeader, Role, StreamChunk, ToolSchema, codes,
+    AdapterDefaults, FinishReason, History, LlmCallConfig, LlmFailure, LlmRequest, Message,
+    MessageSource, RequestHeader, Role, StreamChunk, ToolSchema, codes,
 };
 use crate::session::event::{
     AssistantChunk, AssistantMessageEvent, EventData, HeaderReason, LlmRetry, LlmRetryStarted,
@@ -70,12 +70,7 @@ impl AgentCore {
 
     /// Resolves the route of `config`, logs the header and context it implies, and dispatches the
     /// request once everything before it is durable.
-    fn configure_request(
-        &mut self,
-        mut config: LlmCallConfig,
-        messages: Vec<Arc<Message>>,
-        now: i64,
-    ) {
+    fn configure_request(&mut self, mut config: LlmCallConfig, messages: History, now: i64) {
         if config.provider.is_empty() || config.model.is_empty() {
             let failure = LlmFailure::new(
                 codes::UNKNOWN,
@@ -113,6 +108,7 @@ impl AgentCore {
             tools,
             messages,
             session_id: Some(self.id.clone()),
+            purpose: None,
         };
         // Checkpoint: everything before the request is durable before it is dispatched.
         let through = self.next_seq() - 1;
@@ -194,6 +190,9 @@ impl AgentCore {
 
     /// One chunk of attempt `ticket`.
     pub fn on_chunk(&mut self, ticket: u64, chunk: StreamChunk, now: i64) {
+        if self.is_summariser(ticket) {
+            return self.on_summary_chunk(chunk, now);
+        }
         let Phase::Running(run) = &mut self.phase else {
             return;
         };
@@ -262,6 +261,9 @@ impl AgentCore {
 
     /// Attempt `ticket`'s stream ended (after its finish chunk, or without one).
     pub fn on_stream_end(&mut self, ticket: u64, now: i64) {
+        if self.is_summariser(ticket) {
+            return self.on_summary_stream_end(now);
+        }
         if self.awaiting(|s| matches!(s, Stage::Streaming(a) if a.ticket == ticket && !a.finished))
         {
             self.complete_attempt(now);
@@ -375,7 +377,7 @@ impl AgentCore {
 
     /// Starts a request attempt in the entered step: the `request` hooks shape its configuration.
     pub(super) fn start_attempt(&mut self, now: i64) {
-        let messages = self.session_ref().derive_messages();
+        let messages = self.session_ref().history();
         let config = self.seed_config();
         let ticket = self.ticket();
         let run = self.run_mut();
@@ -452,33 +454,32 @@ impl AgentCore {
         };
         let finish = attempt.assembler.finish();
         if let Some(failure) = finish.failure() {
-            let ticket = self.ticket();
-            let retries = self.step_retries();
-            let run = self.run_mut();
-            let (turn, step) = (run.turn, run.step);
-            run.stage = Stage::Recovery {
-                ticket,
-                failure: failure.clone(),
-                provider: attempt.provider.clone(),
-            };
-            if !self.hook_points().request_error {
-                return self.on_recovery(ticket, Ok(Recovery::Delegate), now);
+            // Overflow recovery (compaction) comes before the `request_error` hooks.
+            if let Some((failure, provider, retry_policy)) = self.compact_on_overflow(
+                failure.clone(),
+                attempt.provider,
+                attempt.retry_policy,
+                now,
+            ) {
+                self.recover(failure, provider, retry_policy, now);
             }
-            self.effects.push(Effect::RunHooks(HookCall::RequestError {
-                ticket,
-                turn,
-                step,
-                provider: attempt.provider,
-                retry_policy: attempt.retry_policy,
-                failure: failure.clone(),
-                retries,
-            }));
             return;
         }
         let content = match attempt.assembler.blocks() {
             Ok(blocks) => blocks,
             Err(e) => return self.fail_turn(LlmFailure::new(codes::UNKNOWN, e.to_string()), now),
         };
+        // A tool call needs an id to be answered by: a provider that streamed one without (a broken
+        // or hostile server) gave a malformed response, not a call to run.
+        if content.iter().any(
+            |b| matches!(b, crate::llm::types::ContentBlock::ToolCall { id, .. } if id.is_empty()),
+        ) {
+            let failure = LlmFailure::new(
+                codes::MALFORMED_RESPONSE,
+                "the model's response has a tool call without an id",
+            );
+            return self.fail_turn(failure, now);
+        }
         let mut source = MessageSource::model(&attempt.provider, &attempt.model);
         if let Some(state) = attempt.assembler.replay_state() {
             source = source.with("replayState", state);
@@ -519,6 +520,37 @@ impl AgentCore {
         } else {
             self.start_tools(calls, now);
         }
+    }
+
+    /// A failed attempt goes to the `request_error` hooks (or, without any, fails the turn).
+    pub(super) fn recover(
+        &mut self,
+        failure: LlmFailure,
+        provider: String,
+        retry_policy: Option<RetryPolicy>,
+        now: i64,
+    ) {
+        let ticket = self.ticket();
+        let retries = self.step_retries();
+        let run = self.run_mut();
+        let (turn, step) = (run.turn, run.step);
+        run.stage = Stage::Recovery {
+            ticket,
+            failure: failure.clone(),
+            provider: provider.clone(),
+        };
+        if !self.hook_points().request_error {
+            return self.on_recovery(ticket, Ok(Recovery::Delegate), now);
+        }
+        self.effects.push(Effect::RunHooks(HookCall::RequestError {
+            ticket,
+            turn,
+            step,
+            provider,
+            retry_policy,
+            failure,
+            retries,
+        }));
     }
 
     /// The turn was aborted while attempt `attempt` streamed: close the stream and log what arrived

@@ -12,6 +12,8 @@ use crate::session::event::HeaderReason;
 use crate::session::invariant;
 use crate::tools::{ToolArgs, ToolInvocation, ToolOutput};
 
+mod compaction;
+
 fn user(text: &str) -> Message {
     Message::user_text(MessageId::mint(), text)
 }
@@ -187,6 +189,8 @@ struct Harness {
     concluding: Vec<String>,
     /// The hook points run, in order.
     hook_runs: Vec<String>,
+    /// The answers to `compact_now`, in order.
+    compactions: Vec<Result<CompactionStarted, CompactRefusal>>,
 }
 
 impl Harness {
@@ -225,6 +229,7 @@ impl Harness {
             tool_contexts: Vec::new(),
             concluding: Vec::new(),
             hook_runs: Vec::new(),
+            compactions: Vec::new(),
         }
     }
 
@@ -253,7 +258,10 @@ impl Harness {
         }
         match effect {
             Effect::Notify(e) => self.live.push(e),
-            Effect::NewCancelToken | Effect::CancelToken | Effect::TurnEnded { .. } => {}
+            Effect::NewCancelToken
+            | Effect::CancelToken
+            | Effect::TurnEnded { .. }
+            | Effect::CompactionEnded { .. } => {}
             Effect::LoadLog { ticket } => self.loads.push(ticket),
             Effect::RunHooks(HookCall::PreStep {
                 ticket,
@@ -337,6 +345,7 @@ impl Harness {
                 let a = self.turn_stopping.pop_front().unwrap_or_default();
                 self.core.on_turn_stopping(ticket, Ok(a), 0);
             }
+            Effect::CompactionStarted { result } => self.compactions.push(result),
             Effect::Fatal { reason } => panic!("fatal: {reason}"),
         }
     }
@@ -1286,4 +1295,132 @@ fn the_machine_takes_message_ids_from_its_wiring() {
             ("assistant", "m3".to_string())
         ]
     );
+}
+
+/// A changing tool source for the tests: `add` puts a tool in and moves the generation.
+#[derive(Default)]
+struct ChangingSource {
+    generation: std::sync::atomic::AtomicU64,
+    tools: std::sync::Mutex<Vec<Arc<dyn crate::tools::Tool>>>,
+}
+
+impl ChangingSource {
+    fn add(&self, name: &str) {
+        self.tools.lock().unwrap().push(Arc::new(TestTool {
+            name: name.into(),
+            mode: crate::tools::ExecutionMode::Parallel,
+        }));
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl crate::tools::ToolSource for ChangingSource {
+    fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+    fn tools(&self) -> Vec<Arc<dyn crate::tools::Tool>> {
+        self.tools.lock().unwrap().clone()
+    }
+}
+
+#[test]
+fn a_tool_source_that_changes_mid_turn_is_taken_in_at_the_next_step_with_a_changed_header() {
+    let source = Arc::new(ChangingSource::default());
+    source.add("read");
+    let mut registry = ToolRegistry::new();
+    registry.register(Arc::new(TestTool {
+        name: "fixed".into(),
+        mode: crate::tools::ExecutionMode::Parallel,
+    }));
+    registry.add_source(Arc::clone(&source) as Arc<dyn crate::tools::ToolSource>);
+    let mut h = Harness::new(vec![calls(&[("c1", "read")]), text("done")]);
+    h.core = wired(AgentCore::new(
+        SessionId::new("a1").unwrap(),
+        {
+            let mut config = AgentConfig::new("p", "m");
+            config.max_parallel_tool_calls = 2;
+            config
+        },
+        registry,
+    ));
+    // The source changes while step 1's call runs: before step 2's pre_step hook answers.
+    let changer = Arc::clone(&source);
+    h.pre_step = Some(Box::new(move |_turn, step, messages| {
+        if step == 2 {
+            changer.add("write");
+        }
+        Ok(PreStepDecision::Enter(messages))
+    }));
+    h.followup("go");
+    assert_eq!(
+        h.kinds(),
+        [
+            "agent/inbox/spliced",
+            "turn/start",
+            "agent/inbox/spliced",
+            "step/start",
+            "user/message",
+            "request/header",
+            "request/context",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/message",
+            "tool/call",
+            "tool/result",
+            "step/end",
+            "step/start",
+            "request/header",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/message",
+            "step/end",
+            "turn/end"
+        ]
+    );
+    let headers: Vec<(HeaderReason, Vec<String>)> = h
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::RequestHeader(r) => Some((
+                r.reason,
+                r.header
+                    .tools
+                    .iter()
+                    .flatten()
+                    .map(|t| t.name.clone())
+                    .collect(),
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        headers,
+        [
+            (HeaderReason::Initial, vec!["fixed".into(), "read".into()]),
+            (
+                HeaderReason::Change,
+                vec!["fixed".into(), "read".into(), "write".into()]
+            )
+        ]
+    );
+    let sent: Vec<Vec<&str>> = h
+        .requests
+        .iter()
+        .map(|r| r.tools.iter().map(|t| t.name.as_str()).collect())
+        .collect();
+    assert_eq!(
+        sent,
+        [vec!["fixed", "read"], vec!["fixed", "read", "write"]]
+    );
+    h.check();
 }

@@ -48,7 +48,7 @@ use crate::session_writer::{SessionWriterActor, WriterArgs, WriterMsg};
 use crate::slot::{AgentSlot, SlotState};
 use crate::tool_pool::{PoolMsg, ToolPoolActor, ToolPoolArgs};
 
-use self::msg::{AgentMsg, Reply};
+use self::msg::{AgentMsg, CompactReceipt, Reply};
 
 /// Milliseconds since the Unix epoch, the `time` of appended events.
 pub(crate) fn now_ms() -> i64 {
@@ -100,6 +100,8 @@ pub(crate) struct AgentState {
     passivated: bool,
     /// A read-back (its ticket) that starts once every event below the seq is durable.
     deferred_load: Option<(u64, u64)>,
+    /// The caller of a manual compaction, answered by the core's `Effect::CompactionStarted`.
+    compact_reply: Option<Reply<Result<CompactReceipt, InputError>>>,
 }
 
 impl AgentState {
@@ -249,6 +251,11 @@ impl AgentActor {
             Effect::TurnEnded { turn, reason } => {
                 debug!(agent = %state.id(), turn, reason = reason.kind(), "turn ended");
                 self.runtime.metrics.turn_ended();
+            }
+            Effect::CompactionStarted { result } => Self::compaction_started(state, result),
+            Effect::CompactionEnded { failed } => {
+                debug!(agent = %state.id(), failed, "compaction ended");
+                self.runtime.metrics.compaction_ended(failed);
             }
             Effect::Fatal { reason } => {
                 return Err(format!("agent {}: {reason}", state.id()).into());
@@ -488,6 +495,7 @@ impl AgentActor {
             id: state.id().clone(),
             agent: state.myself.clone(),
             fence: Arc::clone(&self.slot.write_fence),
+            epoch: self.slot.write_fence.epoch().await,
             metrics: Arc::clone(&self.runtime.metrics),
         };
         let (w, _) =
@@ -678,6 +686,7 @@ impl AgentActor {
             }
             AgentMsg::BeginMaintenance { reply } => self.begin_maintenance(state, reply).await?,
             AgentMsg::EndMaintenance => state.core.end_maintenance(now),
+            AgentMsg::Compact { reply } => Self::compact(state, reply, now),
             AgentMsg::Durable { through_seq } => self.on_durable(state, through_seq),
             AgentMsg::WriterFailed { error } => {
                 self.fail(state, format!("the session store failed: {error}"));
@@ -801,6 +810,47 @@ impl AgentActor {
             Err(busy) => deliver(reply, Err(InputError::Busy { id: busy.id })),
         }
         Ok(())
+    }
+
+    /// Starts a manual compaction if the agent is idle; the caller is answered when the core
+    /// reports the start (`compaction_started`).
+    fn compact(state: &mut AgentState, reply: Reply<Result<CompactReceipt, InputError>>, now: i64) {
+        if let Some(reason) = &state.failed {
+            let refused = InputError::Failed {
+                id: state.id().clone(),
+                reason: reason.clone(),
+            };
+            return deliver(reply, Err(refused));
+        }
+        match state.core.compact_now(now) {
+            Ok(()) => state.compact_reply = Some(reply),
+            Err(busy) => deliver(reply, Err(InputError::Busy { id: busy.id })),
+        }
+    }
+
+    /// The core reported whether the manual compaction started: acknowledge its start once durable,
+    /// or say why nothing started.
+    fn compaction_started(
+        state: &mut AgentState,
+        result: Result<dsh::turn::CompactionStarted, dsh::turn::CompactRefusal>,
+    ) {
+        let Some(reply) = state.compact_reply.take() else {
+            return;
+        };
+        match result {
+            Ok(started) => {
+                let receipt = CompactReceipt {
+                    compaction_id: started.compaction_id,
+                    seq: started.seq,
+                };
+                Self::ack_after(state, Some(started.seq), reply, receipt);
+            }
+            Err(refusal) => {
+                let id = state.id().clone();
+                let reason = refusal.to_string();
+                deliver(reply, Err(InputError::NotCompacted { id, reason }));
+            }
+        }
     }
 
     /// Feeds a burst of chunks as if each came alone: a chunk's effects run before the next chunk is
@@ -951,6 +1001,7 @@ impl Actor for AgentActor {
             hibernate_armed: false,
             passivated: false,
             deferred_load: None,
+            compact_reply: None,
         })
     }
 

@@ -19,6 +19,17 @@ use crate::observe::StatusReport;
 /// A reply channel. A closed one is normal (the caller gave up waiting).
 pub type Reply<T> = oneshot::Sender<T>;
 
+/// Where a manual compaction started: its id and the seq of its durable `compaction/start`. Its
+/// outcome is the matching `compaction/end` (with `error` when it failed), written before the agent
+/// is idle again (`when_idle`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompactReceipt {
+    /// The compaction's id (`compactionId`).
+    pub compaction_id: String,
+    /// Seq of its `compaction/start`.
+    pub seq: u64,
+}
+
 /// Everything an agent actor's mailbox carries.
 pub enum AgentMsg {
     // From the handle: acked once the input is durable, with the seq of its `agent/inbox/spliced`.
@@ -90,6 +101,11 @@ pub enum AgentMsg {
     },
     /// Leave maintenance.
     EndMaintenance,
+    /// Compact by hand if idle; answered once `compaction/start` is durable.
+    Compact {
+        /// The receipt, or why nothing started.
+        reply: Reply<Result<CompactReceipt, InputError>>,
+    },
 
     // From the session writer.
     /// Events with seq below `through_seq` are durable.

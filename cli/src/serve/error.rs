@@ -98,11 +98,6 @@ impl ApiError {
         )
     }
 
-    /// 501 `not_implemented`.
-    pub fn not_implemented(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_IMPLEMENTED, "not_implemented", message)
-    }
-
     /// 503 `hosted_elsewhere`: another node holds the session's lease (SPEC §14), so this node
     /// cannot take input for it now; `Retry-After` is the lease's time left, at least 1 s.
     pub fn hosted_elsewhere(
@@ -183,6 +178,9 @@ impl ApiError {
                 format!("session {id} already exists"),
             ),
             InputError::Busy { .. } => ApiError::new(StatusCode::CONFLICT, "busy", e.to_string()),
+            InputError::NotCompacted { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "nothing_to_compact", e.to_string())
+            }
             InputError::Failed { .. } | InputError::Store { .. } => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_unavailable",

@@ -12,22 +12,28 @@
 //! `event: resume` whose data names the last seq sent; reconnecting with `Last-Event-ID` (what a
 //! browser's `EventSource` does on its own) replays the rest from the store.
 //!
+//! Each event is formatted once, in the producer task, into the bytes of its SSE frame; the response
+//! body sends every frame ready at once as one chunk (up to `BATCH_BYTES_MAX`), so a client that
+//! keeps up gets a turn's events in a few writes rather than one write per event.
+//!
 //! Open streams are bounded (`--max-streams`, default `DEFAULT_MAX_STREAMS`): past the bound a new
 //! stream gets 503 `too_many_streams` with `Retry-After`, so subscribers cannot grow the server's
 //! memory and tasks without bound either. A stream's slot frees when its producer task ends (the
 //! client went away, the stream ended, or the server drains).
 
 use std::convert::Infallible;
+use std::fmt::Write as _;
 use std::sync::Arc;
+use std::time::Duration;
 
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
-use axum::http::HeaderMap;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::Response;
 use dsh::session::Event;
 use dsh::session::store::{Inspection, SessionStore};
 use dsh::turn::Status;
 use dsh_actors::{AgentHandle, Observation, Observed, Subscription};
-use futures::Stream;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tracing::Instrument;
@@ -37,6 +43,15 @@ use super::state::{AppState, ReadTarget};
 
 /// Events buffered between the producer task and the response body.
 const CHANNEL_CAPACITY: usize = 64;
+
+/// The most bytes of ready frames joined into one chunk of the response body.
+const BATCH_BYTES_MAX: usize = 64 * 1024;
+
+/// The keep-alive comment sent when nothing else was sent for the keep-alive interval.
+const KEEP_ALIVE: &[u8] = b":\n\n";
+
+/// One formatted SSE frame.
+type Frame = Bytes;
 
 /// Event streams open at once unless `--max-streams` says otherwise.
 pub const DEFAULT_MAX_STREAMS: usize = 1024;
@@ -71,7 +86,7 @@ pub async fn events(
     Path(id): Path<String>,
     headers: HeaderMap,
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+) -> Result<Response, ApiError> {
     let Query(query) =
         query.map_err(|e| ApiError::bad_request(format!("query: {}", e.body_text())))?;
     let last_event_id = match headers.get("last-event-id") {
@@ -96,10 +111,17 @@ pub async fn events(
         ReadTarget::Live(handle) => live_stream(&state, handle, plan, slot),
         ReadTarget::Elsewhere(stored) => elsewhere_stream(&state, *stored, plan, slot),
     };
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|event| (Ok(event), rx))
-    });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(state.inner.settings.keep_alive)))
+    let mut response = Response::new(Body::from_stream(batched(
+        rx,
+        state.inner.settings.keep_alive,
+    )));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(response)
 }
 
 /// The stream of a session live on this node: its log's durable events, then (following) the
@@ -109,7 +131,7 @@ fn live_stream(
     handle: AgentHandle,
     plan: Plan,
     slot: tokio::sync::OwnedSemaphorePermit,
-) -> mpsc::Receiver<SseEvent> {
+) -> mpsc::Receiver<Frame> {
     let subscription = plan.follow.then(|| handle.subscribe());
     let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
     let end = state.inner.streams_end.clone();
@@ -136,7 +158,7 @@ fn live_stream(
 }
 
 /// How often the stream of a session hosted elsewhere reads the store for new events.
-const ELSEWHERE_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+const ELSEWHERE_POLL: Duration = Duration::from_millis(250);
 
 /// The stream of a session another node hosts (SPEC §14): its durable events from the store, then
 /// (following) whatever the store gains, read every `ELSEWHERE_POLL`, without taking the lease.
@@ -145,7 +167,7 @@ fn elsewhere_stream(
     stored: Inspection,
     plan: Plan,
     slot: tokio::sync::OwnedSemaphorePermit,
-) -> mpsc::Receiver<SseEvent> {
+) -> mpsc::Receiver<Frame> {
     let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
     let end = state.inner.streams_end.clone();
     let gauge = state.inner.metrics.sse_subscribers.clone();
@@ -183,6 +205,35 @@ fn elsewhere_stream(
     rx
 }
 
+/// The response body: every frame ready when the body is polled, joined into one chunk (bounded by
+/// `BATCH_BYTES_MAX`), and a keep-alive comment after `keep_alive` without a frame. Ends when the
+/// producer does.
+fn batched(
+    rx: mpsc::Receiver<Frame>,
+    keep_alive: Duration,
+) -> impl futures::Stream<Item = Result<Bytes, Infallible>> {
+    futures::stream::unfold(rx, move |mut rx| async move {
+        let first = match tokio::time::timeout(keep_alive, rx.recv()).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return None,
+            Err(_) => return Some((Ok(Bytes::from_static(KEEP_ALIVE)), rx)),
+        };
+        let Ok(second) = rx.try_recv() else {
+            return Some((Ok(first), rx));
+        };
+        let mut chunk = Vec::with_capacity((first.len() + second.len()) * 4);
+        chunk.extend_from_slice(&first);
+        chunk.extend_from_slice(&second);
+        while chunk.len() < BATCH_BYTES_MAX {
+            match rx.try_recv() {
+                Ok(frame) => chunk.extend_from_slice(&frame),
+                Err(_) => break,
+            }
+        }
+        Some((Ok(Bytes::from(chunk)), rx))
+    })
+}
+
 /// Counts an open stream in the `sse_subscribers` gauge while it lives.
 struct OpenStream(prometheus_client::metrics::gauge::Gauge<i64, std::sync::atomic::AtomicI64>);
 
@@ -192,17 +243,36 @@ impl Drop for OpenStream {
     }
 }
 
-/// The SSE form of a durable event.
-fn sse_event(event: &Event) -> SseEvent {
-    SseEvent::default()
-        .id(event.seq.to_string())
-        .event(event.kind())
-        .data(event.to_json())
+/// The SSE frame of a durable event: `id:` its seq, `event:` its type, `data:` its v0 JSON.
+fn sse_event(event: &Event) -> Frame {
+    let json = event.to_json();
+    let kind = event.kind();
+    let mut frame = String::with_capacity(json.len() + kind.len() + 40);
+    // Writing to a String cannot fail.
+    let _ = write!(frame, "id: {}\nevent: {kind}\n", event.seq);
+    push_data(&mut frame, &json);
+    frame.push('\n');
+    Bytes::from(frame)
+}
+
+/// Appends `data` as `data:` lines. Compact JSON has no line break; were one there (whitespace
+/// between tokens, the only place valid JSON can hold a raw one), each line gets its own `data:`
+/// and a raw `\r` is dropped, which the JSON reads the same without.
+fn push_data(frame: &mut String, data: &str) {
+    for line in data.split('\n') {
+        frame.push_str("data: ");
+        if line.contains('\r') {
+            frame.extend(line.chars().filter(|&c| c != '\r'));
+        } else {
+            frame.push_str(line);
+        }
+        frame.push('\n');
+    }
 }
 
 /// Sends the durable events from `from` on; returns the next seq to send, or `None` when the
 /// client went away or the log cannot be read (the stream then ends).
-async fn replay(handle: &AgentHandle, from: u64, tx: &mpsc::Sender<SseEvent>) -> Option<u64> {
+async fn replay(handle: &AgentHandle, from: u64, tx: &mpsc::Sender<Frame>) -> Option<u64> {
     let log = handle.log().await.ok()?;
     let status = handle.status().await.ok()?;
     let mut durable = status.durable_seq;
@@ -228,7 +298,7 @@ async fn follow(
     store: &dyn SessionStore,
     mut sub: Subscription,
     mut next: u64,
-    tx: &mpsc::Sender<SseEvent>,
+    tx: &mpsc::Sender<Frame>,
 ) {
     while let Some(observation) = sub.next().await {
         match observation {
@@ -274,7 +344,7 @@ async fn fill_gap(
     store: &dyn SessionStore,
     from: u64,
     to: u64,
-    tx: &mpsc::Sender<SseEvent>,
+    tx: &mpsc::Sender<Frame>,
 ) -> Option<()> {
     let log = match handle.log().await {
         Ok(log) if log.len() as u64 >= to => log,
@@ -290,10 +360,30 @@ async fn fill_gap(
 }
 
 /// The final event of a stream that fell behind: reconnect after the last seq received.
-fn resume_event(next: u64) -> SseEvent {
+fn resume_event(next: u64) -> Frame {
     let last = next.checked_sub(1);
     let data = serde_json::json!({ "reason": "lagged", "last_event_id": last });
-    SseEvent::default()
-        .event(RESUME_EVENT)
-        .data(data.to_string())
+    Bytes::from(format!("event: {RESUME_EVENT}\ndata: {data}\n\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_is_id_event_and_one_data_line_per_line() {
+        let mut frame = String::new();
+        push_data(&mut frame, "{\"a\":\r\n1}");
+        assert_eq!(frame, "data: {\"a\":\ndata: 1}\n");
+        let resume = resume_event(5);
+        let resume = std::str::from_utf8(&resume).expect("utf-8");
+        let data = resume
+            .strip_prefix("event: resume\ndata: ")
+            .and_then(|d| d.strip_suffix("\n\n"))
+            .expect("one event, one data line");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(data).expect("JSON"),
+            serde_json::json!({"reason": "lagged", "last_event_id": 4})
+        );
+    }
 }

@@ -51,9 +51,31 @@ pub struct InputBody {
     pub id: Option<String>,
     /// Plain text: a user message with one text block.
     pub text: Option<String>,
-    /// A whole user message (DSH v0 shape); its `id` is replaced by `id` when that is given.
+    /// A whole user message (DSH v0 shape); its `id` is replaced by `id` when that is given. Its
+    /// own keys are checked strictly (an unknown one is a 400 naming it); its content blocks are
+    /// DSH v0 blocks, where a block type dsh does not know is kept as is.
     #[schema(value_type = Option<Object>)]
+    #[serde(default, deserialize_with = "strict_message")]
     pub message: Option<Message>,
+}
+
+/// The keys of a DSH v0 message.
+const MESSAGE_KEYS: [&str; 4] = ["id", "role", "content", "source"];
+
+/// Reads `message` refusing keys a message does not have. The log reader is lenient (it keeps what
+/// logs the original wrote carry); input sent to the server is not a log, and a key dsh would drop
+/// (a typo, a field of another API) is better refused than silently lost.
+fn strict_message<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Message>, D::Error> {
+    use serde::de::Error as _;
+    let Some(value) = Option::<serde_json::Map<String, serde_json::Value>>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if let Some(key) = value.keys().find(|k| !MESSAGE_KEYS.contains(&k.as_str())) {
+        return Err(D::Error::unknown_field(key, &MESSAGE_KEYS));
+    }
+    Message::deserialize(serde_json::Value::Object(value))
+        .map(Some)
+        .map_err(D::Error::custom)
 }
 
 /// `202`/`200` answer of an input.

@@ -400,8 +400,36 @@ pub async fn import_session(
     ))
 }
 
-/// `POST /v1/sessions/{id}/compact`: not built yet (SPEC §15 comes with its own issue).
-#[utoipa::path(post, path = "/v1/sessions/{id}/compact", params(("id" = String, Path, description = "The session id")), responses((status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 501, description = "Not implemented yet", body = crate::serve::error::ErrorBody)))]
-pub async fn compact(Path(_id): Path<String>) -> ApiError {
-    ApiError::not_implemented("compaction (SPEC §15) is not implemented by this server yet")
+/// `202` answer of a compact request: the compaction started (its `compaction/start` is durable).
+/// Its outcome is the matching `compaction/end` in the event stream (with `error` when it failed,
+/// the history then unchanged), written before the session is idle again.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct CompactAck {
+    /// The compaction's id (`compactionId` of its events).
+    pub compaction_id: String,
+    /// Seq of its durable `compaction/start`.
+    pub seq: u64,
+}
+
+/// `POST /v1/sessions/{id}/compact`: a manual compaction (SPEC §15), only between turns; 202 once
+/// it started.
+#[utoipa::path(post, path = "/v1/sessions/{id}/compact", params(("id" = String, Path, description = "The session id")), responses((status = 202, description = "The compaction started", body = CompactAck), (status = 400, description = "Bad parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 409, description = "busy (a turn or another compaction runs) or nothing_to_compact", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining", body = crate::serve::error::ErrorBody)))]
+pub async fn compact(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<CompactAck>), ApiError> {
+    state.accepting()?;
+    let handle = state.agent(&id).await?;
+    let receipt = handle
+        .compact()
+        .await
+        .map_err(|e| ApiError::from_input(&e, "id"))?;
+    tracing::debug!(session = %handle.id(), compaction = %receipt.compaction_id, "compaction started");
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(CompactAck {
+            compaction_id: receipt.compaction_id,
+            seq: receipt.seq,
+        }),
+    ))
 }

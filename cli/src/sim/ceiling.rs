@@ -113,3 +113,32 @@ pub(super) async fn store_ceiling(
         duration_ms: elapsed.as_secs_f64() * 1000.0,
     })
 }
+
+/// Syncs timed by `sync_time`.
+pub(super) const SYNC_SAMPLES: usize = 100;
+
+/// The time of one sync on the store's disk, measured in the same run: `SYNC_SAMPLES` rounds of
+/// overwriting 4 KiB of a scratch file in `dir` and `fdatasync`ing it (what one commit group of the
+/// sqlite store costs at least: its WAL append is one such write and sync). The file is removed.
+pub(super) fn sync_time(dir: &Path) -> std::io::Result<Percentiles> {
+    use std::io::{Seek, SeekFrom};
+    let path = dir.join("sync-probe");
+    let mut file = std::fs::File::create(&path)?;
+    let page = [0x5a_u8; 4096];
+    let mut ns = Vec::with_capacity(SYNC_SAMPLES);
+    let result = (|| {
+        file.write_all(&page)?;
+        file.sync_all()?;
+        for _ in 0..SYNC_SAMPLES {
+            let started = Instant::now();
+            file.seek(SeekFrom::Start(0))?;
+            file.write_all(&page)?;
+            file.sync_data()?;
+            ns.push(started.elapsed().as_nanos() as u64);
+        }
+        Ok(())
+    })();
+    drop(file);
+    let _ = std::fs::remove_file(&path);
+    result.map(|()| Percentiles::of(&mut ns))
+}

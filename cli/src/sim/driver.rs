@@ -336,6 +336,7 @@ async fn create_agents(
     let mut agents = Vec::with_capacity(plan.agents);
     let mut config = AgentConfig::new("sim", "sim-1");
     config.system = Some("You are a simulated agent under load.".to_string());
+    config.compaction.context_window = plan.context_window;
     for agent_idx in 0..plan.agents {
         let id = SessionId::new(&format!("sim-{agent_idx:07}"))
             .map_err(|e| SimError::Task(format!("agent id: {e}")))?;
@@ -404,6 +405,8 @@ pub(super) struct TurnsPhase {
     pub(super) turns: u64,
     /// Events the host made durable.
     pub(super) events: u64,
+    /// Compactions that ended, and how many of them failed.
+    pub(super) compactions: (u64, u64),
     /// Appends the store took.
     pub(super) appends: u64,
     /// Commit groups the store made (sqlite only).
@@ -426,6 +429,10 @@ async fn run_turns(
     let groups_before = store.n_groups();
     let turns_before = host.metrics().turns();
     let events_before = host.metrics().events();
+    let compactions_before = (
+        host.metrics().compactions(),
+        host.metrics().compactions_failed(),
+    );
     let (mirror, mirror_stop) = mirror_metrics(host, progress);
     let started = Instant::now();
     let drivers: Vec<_> = agents
@@ -464,6 +471,10 @@ async fn run_turns(
         elapsed,
         turns: host.metrics().turns() - turns_before,
         events: host.metrics().events() - events_before,
+        compactions: (
+            host.metrics().compactions() - compactions_before.0,
+            host.metrics().compactions_failed() - compactions_before.1,
+        ),
         appends: store.n_appends().saturating_sub(appends_before),
         store_groups: store
             .n_groups()

@@ -351,7 +351,15 @@ async fn simulate(
         }
         _ => SimStore::Memory(Arc::new(MemoryStore::new())),
     };
-    let result = simulate_on(&plan, &store, progress).await;
+    let mut result = simulate_on(&plan, &store, progress).await;
+    if let (Some(dir), Ok(report)) = (&run_dir, &mut result) {
+        // One sync timed on the same disk, right after the run, to set the syncs per turn against.
+        let path = dir.path.clone();
+        report.sync_ms = tokio::task::spawn_blocking(move || sync_time(&path))
+            .await
+            .ok()
+            .and_then(Result::ok);
+    }
     match &store {
         SimStore::Sqlite(s) => s.close().await?,
         SimStore::Postgres(s) => {

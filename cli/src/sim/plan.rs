@@ -67,6 +67,8 @@ pub struct SimPlan {
     pub observe_agents: usize,
     /// Each agent starts after a seeded delay within `0..ramp_ms` (0: all at once).
     pub ramp_ms: u64,
+    /// Every agent's context window (`--context-window`): its history compacts past 80 % of it.
+    pub context_window: Option<u64>,
 }
 
 impl SimPlan {
@@ -137,6 +139,7 @@ impl SimPlan {
             keep_store: args.keep_store,
             observe_agents: args.observe_agents.min(args.agents),
             ramp_ms: args.ramp_ms,
+            context_window: args.context_window,
         })
     }
 

@@ -90,6 +90,12 @@ pub struct SimReport {
     pub store_appends: u64,
     /// Commit groups (one fsync each) the sqlite store made during the run.
     pub store_groups: Option<u64>,
+    /// `store_groups` / `turns`: the syncs one turn cost (with many agents at once, groups are
+    /// shared and this falls below one).
+    pub syncs_per_turn: Option<f64>,
+    /// The time of one sync (a 4 KiB write and `fdatasync` of a scratch file beside the sqlite
+    /// store), measured in the same run right after the turns: what a commit group costs at least.
+    pub sync_ms: Option<Percentiles>,
     /// `events_per_sec` / `store_ceiling.events_per_sec`.
     pub store_ceiling_ratio: Option<f64>,
     /// Agents created per second, one after the other.
@@ -136,6 +142,10 @@ pub struct SimReport {
     pub turns_started_by_steer: u64,
     /// `turn/end` reasons of the observed agents, by kind.
     pub turn_ends: BTreeMap<String, u64>,
+    /// Compactions that ended during the run, over all agents (`--context-window`, SPEC §15).
+    pub compactions: u64,
+    /// Of those, the ones that failed (logged, the history unchanged).
+    pub compactions_failed: u64,
     /// How many agents were observed (step, steer and turn-end figures come from them).
     pub observed_agents: usize,
     /// Observations the host-wide observer missed (its samples are then incomplete).
@@ -179,6 +189,11 @@ impl SimReport {
             store_dir: None,
             store_appends: turns.appends,
             store_groups: turns.store_groups,
+            syncs_per_turn: turns
+                .store_groups
+                .filter(|_| turns.turns > 0)
+                .map(|g| g as f64 / turns.turns as f64),
+            sync_ms: None,
             store_ceiling_ratio: store_ceiling
                 .as_ref()
                 .filter(|c| c.events_per_sec > 0.0)
@@ -204,6 +219,8 @@ impl SimReport {
             turns_started_by_followup: observed.turns_started_by_followup,
             turns_started_by_steer: observed.turns_started_by_steer,
             turn_ends: observed.turn_ends,
+            compactions: turns.compactions.0,
+            compactions_failed: turns.compactions.1,
             observed_agents: plan.observe_agents,
             observer_lagged: observed.lagged,
             config: plan.clone(),
@@ -278,6 +295,19 @@ impl SimReport {
                 self.store_appends as f64 / g.max(1) as f64
             ))
         )?;
+        if let Some(per_turn) = self.syncs_per_turn {
+            let sync = self
+                .sync_ms
+                .as_ref()
+                .and_then(|p| p.p50)
+                .map_or_else(String::new, |p50| {
+                    format!(
+                        "; one sync {p50:.3} ms (p50), {:.3} ms a turn at that count",
+                        p50 * per_turn
+                    )
+                });
+            writeln!(out, "  syncs per turn  {per_turn:>10.2}{sync}")?;
+        }
         writeln!(
             out,
             "  agents created  {:>10.0} /s",
@@ -345,6 +375,13 @@ impl SimReport {
             self.observed_agents,
             ends.join(", ")
         )?;
+        if let Some(window) = self.config.context_window {
+            writeln!(
+                out,
+                "  compactions: {} ({} failed), context window {window} tokens",
+                self.compactions, self.compactions_failed
+            )?;
+        }
         if self.observer_lagged > 0 {
             writeln!(
                 out,

@@ -288,8 +288,9 @@ mod tests {
             },
             system: None,
             tools: vec![],
-            messages,
+            messages: messages.into(),
             session_id: None,
+            purpose: None,
         }
     }
 

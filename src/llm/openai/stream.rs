@@ -20,7 +20,7 @@ use super::errors::{map_http_error, parse_retry_after_ms};
 use super::request::serialize_request;
 use super::response::ChunkDecoder;
 use crate::llm::provider::ChunkStream;
-use crate::llm::types::{FinishReason, LlmFailure, LlmRequest, StreamChunk, codes};
+use crate::llm::types::{FinishReason, LlmFailure, LlmRequest, RequestPurpose, StreamChunk, codes};
 
 /// Error bodies are read up to this many bytes; the rest is ignored.
 const ERROR_BODY_BYTES_MAX: usize = 64 << 10;
@@ -253,6 +253,10 @@ impl Run {
             header::ACCEPT,
             HeaderValue::from_static("text/event-stream"),
         );
+        if request.purpose == Some(RequestPurpose::Compaction) {
+            // The auxiliary compaction call is marked on the wire (§7.2), as the original marks it.
+            headers.insert("x-deepseek-harness-compact", HeaderValue::from_static("1"));
+        }
         tracing::debug!(
             route = %config.route,
             endpoint = %self.inner.endpoint.url(),

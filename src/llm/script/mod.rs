@@ -221,8 +221,9 @@ mod tests {
             config: Default::default(),
             system: None,
             tools: vec![],
-            messages: vec![],
+            messages: Default::default(),
             session_id: None,
+            purpose: None,
         }
     }
 

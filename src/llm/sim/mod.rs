@@ -508,6 +508,7 @@ mod tests {
                 })
                 .collect(),
             session_id: Some(SessionId::new("s1").expect("id")),
+            purpose: None,
         }
     }
 

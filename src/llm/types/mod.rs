@@ -7,15 +7,20 @@
 //! kept verbatim so a log read and written again is unchanged.
 //!
 //! The parts: `message` (messages, their sources and content blocks), `chunk` (the streamed chunk
-//! grammar, finish reasons, token usage), `failure` (`LlmFailure` and the failure `codes`), and
+//! grammar, finish reasons, token usage), `failure` (`LlmFailure` and the failure `codes`), `history` (`History`, the shared append-only
+//! message list a request carries), and
 //! `request` (call configuration, the request header, and the request a provider receives).
 
 mod chunk;
 mod failure;
+mod history;
 mod message;
 mod request;
 
 pub use chunk::{BlockType, FinishReason, StreamChunk, TokenUsage};
 pub use failure::{LlmFailure, codes};
+pub use history::{History, Iter as HistoryIter};
 pub use message::{ContentBlock, Message, MessageSource, Role, ToolCallBlock, UserMessage};
-pub use request::{AdapterDefaults, LlmCallConfig, LlmRequest, RequestHeader, ToolSchema};
+pub use request::{
+    AdapterDefaults, LlmCallConfig, LlmRequest, RequestHeader, RequestPurpose, ToolSchema,
+};

@@ -2,12 +2,10 @@
 //! when it changed (`request/header`), the tools offered, and `LlmRequest`, one attempt as a
 //! provider receives it.
 
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
 use serde_json::{Number, Value};
 
-use super::Message;
+use super::History;
 use crate::ids::SessionId;
 
 /// The provider-facing call configuration (`LlmCallConfig`). Numbers that the original may write as
@@ -133,8 +131,19 @@ pub struct LlmRequest {
     pub system: Option<String>,
     /// The tools offered.
     pub tools: Vec<ToolSchema>,
-    /// The model-visible history, derived from the session surface. Shared with the session's cache.
-    pub messages: Vec<Arc<Message>>,
+    /// The model-visible history, derived from the session surface. Shared with the session's cache
+    /// (cloning it is one `Arc` clone, whatever its length).
+    pub messages: History,
     /// The session the request is made for, if any (the simulator mixes it into its seed).
     pub session_id: Option<SessionId>,
+    /// Why an auxiliary one-shot request is made (`None`: a loop request). The OpenAI-compatible
+    /// provider marks a compaction request on the wire (`x-deepseek-harness-compact: 1`).
+    pub purpose: Option<RequestPurpose>,
+}
+
+/// What an auxiliary (non-loop) request is for (`reference/session-llm.md` §6.3 `purpose`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestPurpose {
+    /// The compaction summariser (§8.4).
+    Compaction,
 }
