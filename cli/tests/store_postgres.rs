@@ -1,17 +1,21 @@
 //! `--store` / `DSH_STORE` selection in the commands that open a store, against a real PostgreSQL
 //! server: `run` writes a session there (and continues it in a second process, the first having
 //! released its lease), `sessions`, `check` and `export` read it, `import` writes one; and a bad
-//! store URL is one clear line, before anything is opened.
+//! store URL is one clear line, before anything is opened. Two `dsh serve` nodes on one database:
+//! a session hosted by one is read on the other from the store (info, messages, export, events
+//! replayed and followed) and its input there is 503 `hosted_elsewhere` naming the host.
 //!
 //! The test creates a database of its own and drops it. Without a server (`DSH_TEST_POSTGRES`,
 //! default `postgres://postgres@127.0.0.1:5432/postgres`) it prints one line saying it skipped;
 //! with `CI=true` it fails instead.
 
 mod sandbox;
+mod serve_support;
 
 use std::time::Duration;
 
 use sandbox::Sandbox;
+use serve_support::{SLOW_SIM, Server, kinds};
 use tokio_postgres::NoTls;
 
 /// A fresh database on the test server, dropped on drop; `None` when no server is reachable
@@ -169,4 +173,111 @@ async fn every_store_command_works_on_postgres() {
         r.stdout.lines().skip(1).collect::<Vec<_>>(),
         exported.lines().skip(1).collect::<Vec<_>>()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_hosted_by_another_node_is_read_there_and_its_input_is_hosted_elsewhere() {
+    let Some(db) = TestDb::create(
+        "a_session_hosted_by_another_node_is_read_there_and_its_input_is_hosted_elsewhere",
+    )
+    .await
+    else {
+        return;
+    };
+    let (dir_a, dir_b) = (Sandbox::new(), Sandbox::new());
+    let url = db.url.as_str();
+    let a = Server::start(dir_a.path(), SLOW_SIM, &["--store", url]);
+    let b = Server::start(dir_b.path(), SLOW_SIM, &["--store", url]);
+    a.create_with_followup("h1", "hello from a").await;
+    // A runs the (slow) turn and holds the session's lease while it does.
+    let mut on_a = a.events("/v1/sessions/h1/events", None).await;
+    let seen_a = on_a.until("assistant/chunk").await;
+    assert!(kinds(&seen_a).contains(&"turn/start"), "{seen_a:?}");
+
+    // B reads the session from the store, without taking it.
+    let (status, info) = b.call("GET", "/v1/sessions/h1", None).await;
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["id"], "h1");
+    assert_eq!(info["status"], "running", "{info}");
+    assert!(info["events"].as_u64().unwrap_or(0) >= 3, "{info}");
+    let (status, messages) = b.call("GET", "/v1/sessions/h1/messages", None).await;
+    assert_eq!(status, 200, "{messages}");
+    assert!(messages.to_string().contains("hello from a"), "{messages}");
+    let export = b
+        .client
+        .get(b.url("/v1/sessions/h1/export"))
+        .send()
+        .await
+        .expect("export");
+    assert_eq!(export.status().as_u16(), 200);
+    assert!(
+        export
+            .text()
+            .await
+            .expect("a body")
+            .contains("hello from a")
+    );
+    let replayed = b
+        .events("/v1/sessions/h1/events?follow=false", None)
+        .await
+        .rest()
+        .await;
+    let seqs: Vec<u64> = replayed.iter().filter_map(|e| e.id).collect();
+    assert_eq!(
+        seqs,
+        (0..seqs.len() as u64).collect::<Vec<_>>(),
+        "{replayed:?}"
+    );
+    assert_eq!(
+        kinds(&replayed)[..kinds(&seen_a).len().min(replayed.len())],
+        kinds(&seen_a)[..kinds(&seen_a).len().min(replayed.len())],
+    );
+    assert!(kinds(&replayed).contains(&"user/message"), "{replayed:?}");
+
+    // Input on B for a session A hosts: 503 hosted_elsewhere naming A, with a Retry-After.
+    let refused = b
+        .client
+        .post(b.url("/v1/sessions/h1/followup"))
+        .header("content-type", "application/json")
+        .body(r#"{"text":"hello from b"}"#)
+        .send()
+        .await
+        .expect("followup on b");
+    assert_eq!(refused.status().as_u16(), 503);
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    assert!((1..=10).contains(&retry_after), "Retry-After {retry_after}");
+    let body: serde_json::Value = refused.json().await.expect("a JSON body");
+    assert_eq!(body["error"]["code"], "hosted_elsewhere", "{body}");
+    let node_a = format!("node-{}-", a.child.id());
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains(&node_a),
+        "{body}"
+    );
+
+    // B's stream follows what A writes: the cancelled turn's end reaches it through the store.
+    let mut on_b = b.events("/v1/sessions/h1/events", None).await;
+    let (status, answer) = a.call("POST", "/v1/sessions/h1/cancel", None).await;
+    assert_eq!(status, 202, "{answer}");
+    let rest_a = on_a.until("turn/end").await;
+    let followed = on_b.until("turn/end").await;
+    let all_a: Vec<_> = seen_a.iter().chain(rest_a.iter()).cloned().collect();
+    assert_eq!(followed, all_a);
+    // Nothing was written by B: the log is A's events, and A's input only.
+    let log = b
+        .client
+        .get(b.url("/v1/sessions/h1/export"))
+        .send()
+        .await
+        .expect("export")
+        .text()
+        .await
+        .expect("a body");
+    assert!(!log.contains("hello from b"), "{log}");
 }

@@ -4,7 +4,8 @@
 //! The mapping is the one place that decides which status a failure gets, so every handler answers
 //! the same failure the same way: bad input 400 (the message names the field), unknown session 404,
 //! an existing id 409, a body or message over its bound 413, a full inbox 429 with `Retry-After`,
-//! and 503 when the store is poisoned or the server drains.
+//! and 503 when the store is poisoned or the server drains, or — `hosted_elsewhere`, with
+//! `Retry-After` the lease's time left — when another node holds the session's lease (SPEC §14).
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -28,6 +29,8 @@ pub struct ApiError {
     /// The request's body was left unread (it overflowed its limit), so the connection cannot carry
     /// another request: the answer says `Connection: close` and a client does not reuse it.
     pub close: bool,
+    /// Seconds the answer tells the client to wait (`Retry-After`), when it says so.
+    pub retry_after: Option<u64>,
 }
 
 /// The JSON body of an error answer.
@@ -54,6 +57,7 @@ impl ApiError {
             code,
             message: message.into(),
             close: false,
+            retry_after: None,
         }
     }
 
@@ -94,6 +98,26 @@ impl ApiError {
         )
     }
 
+    /// 503 `hosted_elsewhere`: another node holds the session's lease (SPEC §14), so this node
+    /// cannot take input for it now; `Retry-After` is the lease's time left, at least 1 s.
+    pub fn hosted_elsewhere(
+        id: &dsh::ids::SessionId,
+        reason: &str,
+        left: Option<std::time::Duration>,
+    ) -> ApiError {
+        let secs = left.map_or(1, |l| {
+            (l.as_secs() + u64::from(l.subsec_nanos() > 0)).max(1)
+        });
+        ApiError {
+            retry_after: Some(secs),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "hosted_elsewhere",
+                format!("session {id} is {reason}; retry after its lease ends"),
+            )
+        }
+    }
+
     /// The answer for a store failure.
     pub fn from_store(e: &StoreError) -> ApiError {
         match e {
@@ -108,6 +132,9 @@ impl ApiError {
                 "store_unavailable",
                 e.to_string(),
             ),
+            StoreError::Fenced { id, reason, left } => {
+                ApiError::hosted_elsewhere(id, reason, *left)
+            }
             StoreError::EventTooLarge { .. } | StoreError::LogTooLong { .. } => {
                 ApiError::too_large(e.to_string())
             }
@@ -209,7 +236,11 @@ impl IntoResponse for ApiError {
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         // A full inbox or a full set of streams clears by itself: tell the client when to retry.
-        if self.status == StatusCode::TOO_MANY_REQUESTS || self.code == "too_many_streams" {
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        } else if self.status == StatusCode::TOO_MANY_REQUESTS || self.code == "too_many_streams" {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));

@@ -31,7 +31,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::Response;
 use dsh::session::Event;
-use dsh::session::store::SessionStore;
+use dsh::session::store::{Inspection, SessionStore};
 use dsh::turn::Status;
 use dsh_actors::{AgentHandle, Observation, Observed, Subscription};
 use serde::Deserialize;
@@ -39,7 +39,7 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::error::ApiError;
-use super::state::AppState;
+use super::state::{AppState, ReadTarget};
 
 /// Events buffered between the producer task and the response body.
 const CHANNEL_CAPACITY: usize = 64;
@@ -107,7 +107,31 @@ pub async fn events(
     let slot = Arc::clone(&state.inner.streams)
         .try_acquire_owned()
         .map_err(|_| ApiError::too_many_streams(state.inner.settings.max_streams))?;
-    let handle = state.agent(&id).await?;
+    let rx = match state.read_target(&id).await? {
+        ReadTarget::Live(handle) => live_stream(&state, handle, plan, slot),
+        ReadTarget::Elsewhere(stored) => elsewhere_stream(&state, *stored, plan, slot),
+    };
+    let mut response = Response::new(Body::from_stream(batched(
+        rx,
+        state.inner.settings.keep_alive,
+    )));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(response)
+}
+
+/// The stream of a session live on this node: its log's durable events, then (following) the
+/// events it publishes.
+fn live_stream(
+    state: &AppState,
+    handle: AgentHandle,
+    plan: Plan,
+    slot: tokio::sync::OwnedSemaphorePermit,
+) -> mpsc::Receiver<Frame> {
     let subscription = plan.follow.then(|| handle.subscribe());
     let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
     let end = state.inner.streams_end.clone();
@@ -130,17 +154,55 @@ pub async fn events(
         }
     };
     tokio::spawn(producer.instrument(tracing::Span::current()));
-    let mut response = Response::new(Body::from_stream(batched(
-        rx,
-        state.inner.settings.keep_alive,
-    )));
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    Ok(response)
+    rx
+}
+
+/// How often the stream of a session hosted elsewhere reads the store for new events.
+const ELSEWHERE_POLL: Duration = Duration::from_millis(250);
+
+/// The stream of a session another node hosts (SPEC §14): its durable events from the store, then
+/// (following) whatever the store gains, read every `ELSEWHERE_POLL`, without taking the lease.
+fn elsewhere_stream(
+    state: &AppState,
+    stored: Inspection,
+    plan: Plan,
+    slot: tokio::sync::OwnedSemaphorePermit,
+) -> mpsc::Receiver<Frame> {
+    let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+    let end = state.inner.streams_end.clone();
+    let gauge = state.inner.metrics.sse_subscribers.clone();
+    gauge.inc();
+    let store = state.store().clone();
+    let id = stored.header.id.clone();
+    let producer = async move {
+        let _open = OpenStream(gauge);
+        let _slot = slot;
+        let mut next = plan.from;
+        let mut events = stored.events;
+        loop {
+            let from = next;
+            for event in events.iter().filter(|e| e.seq >= from) {
+                if tx.send(sse_event(event)).await.is_err() {
+                    return;
+                }
+                next = event.seq + 1;
+            }
+            if !plan.follow {
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(ELSEWHERE_POLL) => {}
+                () = end.cancelled() => return,
+                () = tx.closed() => return,
+            }
+            match store.store().inspect(&id).await {
+                Ok(inspected) => events = inspected.events,
+                Err(_) => return,
+            }
+        }
+    };
+    tokio::spawn(producer.instrument(tracing::Span::current()));
+    rx
 }
 
 /// The response body: every frame ready when the body is polled, joined into one chunk (bounded by

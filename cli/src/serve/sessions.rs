@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::body::{JsonBody, read_bytes};
 use super::error::ApiError;
-use super::state::{AppState, parse_session_id};
+use super::state::{AppState, ReadTarget, parse_session_id};
 
 /// The most sessions one list page holds.
 pub const LIST_LIMIT_MAX: usize = 1000;
@@ -256,8 +256,31 @@ pub async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<SessionInfo>, ApiError> {
-    let handle = state.agent(&id).await?;
-    info(&handle).await.map(Json)
+    match state.read_target(&id).await? {
+        ReadTarget::Live(handle) => info(&handle).await.map(Json),
+        ReadTarget::Elsewhere(stored) => Ok(Json(stored_info(&stored))),
+    }
+}
+
+/// The `GET /v1/sessions/{id}` answer of a session another node hosts, from its durable log: it
+/// is `running` while its last turn is open; its host's pending input is not known here (0).
+fn stored_info(stored: &dsh::session::store::Inspection) -> SessionInfo {
+    let last_start = stored.events.iter().rposition(|e| e.kind() == "turn/start");
+    let last_end = stored.events.iter().rposition(|e| e.kind() == "turn/end");
+    let running = match (last_start, last_end) {
+        (Some(start), Some(end)) => start > end,
+        (Some(_), None) => true,
+        _ => false,
+    };
+    SessionInfo {
+        id: stored.header.id.to_string(),
+        status: if running { "running" } else { "idle" },
+        events: stored.events.last().map_or(0, |e| e.seq + 1),
+        pending: Pending {
+            next_turn: 0,
+            next_step: 0,
+        },
+    }
 }
 
 /// The `GET /v1/sessions/{id}` answer of a live agent.
@@ -283,12 +306,17 @@ pub async fn messages(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let handle = state.agent(&id).await?;
-    let log = handle
-        .log()
-        .await
-        .map_err(|e| ApiError::from_input(&e, "id"))?;
-    let session = Session::from_events(handle.id().clone(), log).map_err(|(seq, e)| {
+    let (sid, log) = match state.read_target(&id).await? {
+        ReadTarget::Live(handle) => {
+            let log = handle
+                .log()
+                .await
+                .map_err(|e| ApiError::from_input(&e, "id"))?;
+            (handle.id().clone(), log)
+        }
+        ReadTarget::Elsewhere(stored) => (stored.header.id.clone(), stored.events),
+    };
+    let session = Session::from_events(sid, log).map_err(|(seq, e)| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "corrupt",

@@ -217,6 +217,35 @@ impl AppState {
     }
 }
 
+/// What a read request reads: the live agent, or — when another node hosts the session (SPEC §14)
+/// — the durable log straight from the store, without taking the lease.
+pub enum ReadTarget {
+    /// The agent, live on this node (resumed if it was not).
+    Live(AgentHandle),
+    /// The session's durable log, hosted by another node.
+    Elsewhere(Box<dsh::session::store::Inspection>),
+}
+
+impl AppState {
+    /// The agent `id` for a read, or its stored log when another node holds its lease.
+    ///
+    /// # Errors
+    /// As `agent`, except that a session hosted elsewhere is read, not refused.
+    pub async fn read_target(&self, id: &str) -> Result<ReadTarget, ApiError> {
+        let sid = parse_session_id(id)?;
+        match self.agent(id).await {
+            Ok(handle) => Ok(ReadTarget::Live(handle)),
+            Err(e) if e.code == "hosted_elsewhere" => self
+                .store()
+                .inspect(&sid)
+                .await
+                .map(|stored| ReadTarget::Elsewhere(Box::new(stored)))
+                .map_err(|e| ApiError::from_store(&e)),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// The input lock of one session, held. Dropping it releases the lock and, when no other request
 /// holds or waits for it, removes it from the map.
 pub struct InputGuard {

@@ -158,3 +158,28 @@ fn an_interrupted_input_is_503_interrupted() {
         "agent a stopped before acknowledging; the input may or may not be durable (check its log)"
     );
 }
+
+#[test]
+fn a_fenced_store_error_is_503_hosted_elsewhere_with_the_lease_time_left() {
+    use axum::response::IntoResponse;
+    let id = SessionId::new("a").expect("id");
+    for (left, secs) in [
+        (Some(Duration::from_millis(2_300)), "3"),
+        (Some(Duration::from_millis(10)), "1"),
+        (None, "1"),
+    ] {
+        let e = ApiError::from_store(&dsh::session::store::StoreError::Fenced {
+            id: id.clone(),
+            reason: "hosted by node n1 (lease epoch 4, 2.3 s left)".to_string(),
+            left,
+        });
+        assert_eq!(e.status.as_u16(), 503);
+        assert_eq!(e.code, "hosted_elsewhere");
+        assert_eq!(
+            e.message,
+            "session a is hosted by node n1 (lease epoch 4, 2.3 s left); retry after its lease ends"
+        );
+        let response = e.into_response();
+        assert_eq!(response.headers()["retry-after"], secs, "{left:?}");
+    }
+}

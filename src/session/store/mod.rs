@@ -164,6 +164,8 @@ pub enum StoreError {
         id: SessionId,
         /// Who holds the lease, or how it was lost.
         reason: String,
+        /// How long the holder's live lease has left, when known: a client may retry after it.
+        left: Option<std::time::Duration>,
     },
 }
 

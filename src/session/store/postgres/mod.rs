@@ -442,13 +442,15 @@ impl PostgresStore {
                 )
                 .await
                 .map_err(|e| io_error(op, pg_error(&e)))?;
+            let mut left = None;
             let reason = match holder {
                 Some(row) => {
                     let node: Option<String> = row.try_get(0).unwrap_or(None);
                     let epoch: i64 = row.try_get(1).unwrap_or(0);
-                    let left: f64 = row.try_get(2).unwrap_or(0.0);
+                    let secs: f64 = row.try_get(2).unwrap_or(0.0);
+                    left = Duration::try_from_secs_f64(secs).ok();
                     format!(
-                        "hosted by node {} (lease epoch {epoch}, {left:.1} s left)",
+                        "hosted by node {} (lease epoch {epoch}, {secs:.1} s left)",
                         node.as_deref().unwrap_or("?")
                     )
                 }
@@ -457,6 +459,7 @@ impl PostgresStore {
             return Err(StoreError::Fenced {
                 id: id.clone(),
                 reason,
+                left,
             });
         };
         let epoch: i64 = taken.try_get(0).map_err(|e| io_error(op, e))?;
@@ -511,6 +514,7 @@ impl PostgresStore {
                 return Err(StoreError::Fenced {
                     id: id.clone(),
                     reason: reason.clone(),
+                    left: None,
                 });
             }
             HeldState::Poisoned(cause) => {
@@ -756,6 +760,7 @@ impl SessionStore for PostgresStore {
         Err(StoreError::Fenced {
             id: id.clone(),
             reason: format!("its lease was released {RETAKES_MAX} times during one append"),
+            left: None,
         })
     }
 
@@ -780,6 +785,7 @@ impl SessionStore for PostgresStore {
                 return Err(StoreError::Fenced {
                     id: id.clone(),
                     reason: "its lease was released during the load".to_string(),
+                    left: None,
                 });
             }
         }
@@ -855,6 +861,7 @@ impl SessionStore for PostgresStore {
                 return Err(StoreError::Fenced {
                     id: id.clone(),
                     reason: reason.clone(),
+                    left: None,
                 });
             }
             let epoch = h.epoch;

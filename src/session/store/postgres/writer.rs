@@ -405,5 +405,6 @@ async fn refused(shared: &Shared, op: &Op) -> StoreError {
     StoreError::Fenced {
         id: id.clone(),
         reason,
+        left: None,
     }
 }
