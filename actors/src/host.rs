@@ -399,18 +399,25 @@ impl Host {
             .get(id)
             .map(|r| Arc::clone(&r))
             .ok_or_else(|| HostError::NotFound { id: id.clone() })?;
-        match record.slot.current() {
-            SlotState::Live(actor, _) => {
-                record.slot.set(SlotState::Restarting);
-                self.registry.by_actor.remove(&actor.get_id());
-                let _ = actor.kill_and_wait(Some(Duration::from_secs(10))).await;
+        loop {
+            match record.slot.current() {
+                SlotState::Live(actor, _) => {
+                    // An actor passivating at this moment either finished (look again: dormant)
+                    // or gives up its core, which the log below replaces.
+                    if !record.slot.begin_restart(actor.get_id()) {
+                        continue;
+                    }
+                    self.registry.by_actor.remove(&actor.get_id());
+                    let _ = actor.kill_and_wait(Some(Duration::from_secs(10))).await;
+                }
+                SlotState::Dormant => {
+                    // Nothing runs; forget the dormant core and read the log back like a crash would.
+                    drop(record.slot.take_dormant());
+                    record.slot.set(SlotState::Restarting);
+                }
+                _ => {}
             }
-            SlotState::Dormant => {
-                // Nothing runs; forget the dormant core and read the log back like a crash would.
-                drop(record.slot.take_dormant());
-                record.slot.set(SlotState::Restarting);
-            }
-            _ => {}
+            break;
         }
         self.registry.restore(&record).await?;
         Ok(AgentHandle::new(Arc::clone(&record.slot)))

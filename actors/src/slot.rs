@@ -18,7 +18,7 @@ use dsh::SessionId;
 use dsh::session::Event;
 use dsh::turn::AgentCore;
 use futures::future::BoxFuture;
-use ractor::ActorRef;
+use ractor::{ActorId, ActorRef};
 use tokio::sync::watch;
 
 use crate::agent::msg::AgentMsg;
@@ -123,11 +123,29 @@ impl AgentSlot {
         self.dormant.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The actor hands over its hibernated core and stops: the agent is dormant.
-    pub(crate) fn passivate(&self, core: AgentCore) {
+    /// The actor `me` hands over its hibernated core and stops: the agent is dormant. Returns false
+    /// (and drops the core) when the slot no longer names `me` as `Live`: a restart took the agent
+    /// over, reads it back from the log and must not find a stale core beside its new actor.
+    pub(crate) fn passivate(&self, me: ActorId, core: AgentCore) -> bool {
         let mut dormant = self.dormant_lock();
-        *dormant = Some(Box::new(core));
-        self.set(SlotState::Dormant);
+        let still_mine = matches!(&*self.state.borrow(), SlotState::Live(a, _) if a.get_id() == me);
+        if still_mine {
+            *dormant = Some(Box::new(core));
+            self.set(SlotState::Dormant);
+        }
+        still_mine
+    }
+
+    /// Moves a `Live` agent whose actor is `actor` to `Restarting`, under the lock `passivate` takes,
+    /// so an actor passivating at that moment either finished (the slot is `Dormant`) or gives up.
+    /// Returns whether the slot was still that actor's.
+    pub(crate) fn begin_restart(&self, actor: ActorId) -> bool {
+        let _dormant = self.dormant_lock();
+        let live = matches!(&*self.state.borrow(), SlotState::Live(a, _) if a.get_id() == actor);
+        if live {
+            self.set(SlotState::Restarting);
+        }
+        live
     }
 
     /// Takes the dormant core (the caller then spawns its actor), or `None` if another caller did.
