@@ -410,18 +410,14 @@ impl PostgresStore {
             .transaction()
             .await
             .map_err(|e| io_error(op, pg_error(&e)))?;
-        let row = tx
-            .query_opt(
-                "SELECT header FROM dsh_sessions WHERE id = $1 FOR SHARE",
-                &[&id.as_str()],
-            )
-            .await
-            .map_err(|e| io_error(op, pg_error(&e)))?;
-        let Some(row) = row else {
-            return Err(StoreError::NotFound { id: id.clone() });
-        };
-        let header_json: String = row.try_get(0).map_err(|e| io_error(op, e))?;
-        let header = parse_header(id, &header_json)?;
+        let header = read_header(
+            &tx,
+            "SELECT header FROM dsh_sessions WHERE id = $1 FOR SHARE",
+            id,
+            op,
+        )
+        .await?
+        .ok_or_else(|| StoreError::NotFound { id: id.clone() })?;
         let taken = tx
             .query_opt(
                 TAKE_LEASE,
@@ -574,18 +570,9 @@ impl PostgresStore {
         self.shared.readable()?;
         let op = "load";
         let client = self.shared.client(op).await?;
-        let row = client
-            .query_opt(
-                "SELECT header FROM dsh_sessions WHERE id = $1",
-                &[&id.as_str()],
-            )
-            .await
-            .map_err(|e| io_error(op, pg_error(&e)))?;
-        let Some(row) = row else {
-            return Err(StoreError::NotFound { id: id.clone() });
-        };
-        let header_json: String = row.try_get(0).map_err(|e| io_error(op, e))?;
-        let header = parse_header(id, &header_json)?;
+        let header = read_header(&client, HEADER, id, op)
+            .await?
+            .ok_or_else(|| StoreError::NotFound { id: id.clone() })?;
         let limits = &self.shared.config.limits;
         let bytes_max = i32::try_from(limits.event_bytes_max).unwrap_or(i32::MAX);
         let rows_max = i64::try_from(Scanner::rows_to_read_max(limits)).unwrap_or(i64::MAX);
@@ -613,6 +600,28 @@ impl PostgresStore {
         }
         Ok((header, scanner.finish()?))
     }
+}
+
+/// The query of a session's header row.
+const HEADER: &str = "SELECT header FROM dsh_sessions WHERE id = $1";
+
+/// Reads session `id`'s header with `sql` (`HEADER`, or it with a row lock) on a connection or in a
+/// transaction; `None` when there is no such session.
+async fn read_header<C: deadpool_postgres::GenericClient>(
+    client: &C,
+    sql: &str,
+    id: &SessionId,
+    op: &'static str,
+) -> Result<Option<SessionHeader>, StoreError> {
+    let row = client
+        .query_opt(sql, &[&id.as_str()])
+        .await
+        .map_err(|e| io_error(op, pg_error(&e)))?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let json: String = row.try_get(0).map_err(|e| io_error(op, e))?;
+    parse_header(id, &json).map(Some)
 }
 
 fn parse_header(id: &SessionId, json: &str) -> Result<SessionHeader, StoreError> {
@@ -882,20 +891,7 @@ impl SessionStore for PostgresStore {
         self.shared.readable()?;
         let op = "header";
         let client = self.shared.client(op).await?;
-        let row = client
-            .query_opt(
-                "SELECT header FROM dsh_sessions WHERE id = $1",
-                &[&id.as_str()],
-            )
-            .await
-            .map_err(|e| io_error(op, pg_error(&e)))?;
-        match row {
-            None => Ok(None),
-            Some(row) => {
-                let json: String = row.try_get(0).map_err(|e| io_error(op, e))?;
-                parse_header(id, &json).map(Some)
-            }
-        }
+        read_header(&client, HEADER, id, op).await
     }
 
     async fn release(&self, id: &SessionId) -> Result<(), StoreError> {
