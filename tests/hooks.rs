@@ -12,7 +12,7 @@ use dsh::hooks::{
     RequestErrorHook, RequestHook, ToolHook, TurnStoppingAction, TurnStoppingHook,
 };
 use dsh::llm::script::ScriptEntry;
-use dsh::llm::types::{ContentBlock, LlmCallConfig, LlmFailure, Message};
+use dsh::llm::types::{ContentBlock, LlmCallConfig, LlmFailure, LlmRequest, Message};
 use dsh::session::Event;
 use dsh::session::event::{CancelCause, EventData, ToolErrorInfo, TurnEndReason};
 use dsh::tools::{ToolInvocation, ToolOutput};
@@ -225,6 +225,48 @@ async fn run(w: &World, prompt: &str) -> Vec<Event> {
     log
 }
 
+/// What one prompt did on a fresh agent: its log and the requests the model was sent.
+struct Ran {
+    log: Vec<Event>,
+    requests: Vec<LlmRequest>,
+}
+
+/// Runs one prompt to idle on a fresh agent with these hooks, then shuts its host down.
+async fn run_once(entries: Vec<ScriptEntry>, hooks: Hooks, prompt: &str) -> Ran {
+    let w = world(entries, hooks).await;
+    let log = run(&w, prompt).await;
+    let requests = w.script.requests();
+    w.host.shutdown().await;
+    Ran { log, requests }
+}
+
+/// A hook that fails with `message` and one that panics with `panic`, each with the failure its turn
+/// ends with.
+fn failing_and_panicking<T>(
+    message: &'static str,
+    panic: &'static str,
+) -> [(Act<T>, LlmFailure); 2] {
+    [
+        (
+            Act::Fail(HookError::Message(message.into())),
+            LlmFailure::new("UNKNOWN", message),
+        ),
+        (
+            Act::Panic(panic),
+            LlmFailure::new("UNKNOWN", format!("hook panicked: {panic}")),
+        ),
+    ]
+}
+
+/// The skeleton of a turn whose step ends before any request is sent.
+const NO_REQUEST: [&str; 5] = [
+    "turn/start",
+    "step/start",
+    "user/message",
+    "step/end",
+    "turn/end",
+];
+
 fn failure_of(log: &[Event]) -> LlmFailure {
     match reasons(log).as_slice() {
         [TurnEndReason::Error { error }] => error.clone(),
@@ -276,8 +318,7 @@ async fn pre_step_hooks_chain_in_order_each_seeing_the_batch_the_previous_entere
         pre_step("A", &trace, Act::Answer(Some("from A"))),
         pre_step("B", &trace, Act::Answer(Some("from B"))),
     ];
-    let w = world(vec![ScriptEntry::text("ok")], hooks).await;
-    let log = run(&w, "hi").await;
+    let Ran { log, .. } = run_once(vec![ScriptEntry::text("ok")], hooks, "hi").await;
     assert_kinds(
         &skeleton(&log),
         &[
@@ -293,7 +334,6 @@ async fn pre_step_hooks_chain_in_order_each_seeing_the_batch_the_previous_entere
     );
     assert_eq!(user_texts(&log), ["hi", "from A", "from B"]);
     assert_eq!(trace.lines(), lines(&["A saw [hi]", "B saw [hi,from A]"]));
-    w.host.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -304,48 +344,28 @@ async fn the_first_pre_step_reject_wins_and_later_pre_step_hooks_do_not_run() {
         pre_step("A", &trace, Act::Answer(None)),
         pre_step("B", &trace, Act::Answer(Some("from B"))),
     ];
-    let w = world(vec![ScriptEntry::text("ok")], hooks).await;
-    let log = run(&w, "hi").await;
+    let Ran { log, requests } = run_once(vec![ScriptEntry::text("ok")], hooks, "hi").await;
     assert_kinds(&skeleton(&log), &["turn/start", "turn/end"]);
     assert_eq!(reasons(&log), [TurnEndReason::Blocked]);
     assert_eq!(trace.lines(), lines(&["A saw [hi]"]));
-    assert!(w.script.requests().is_empty());
-    w.host.shutdown().await;
+    assert!(requests.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_pre_step_hook_ends_the_turn_error_and_later_hooks_do_not_run() {
-    let trace = Trace::default();
-    let mut hooks = Hooks::new();
-    hooks.pre_step = vec![
-        pre_step("A", &trace, Act::Fail(HookError::Message("no step".into()))),
-        pre_step("B", &trace, Act::Answer(Some("from B"))),
-    ];
-    let w = world(vec![ScriptEntry::text("ok")], hooks).await;
-    let log = run(&w, "hi").await;
-    assert_kinds(&skeleton(&log), &["turn/start", "turn/end"]);
-    assert_eq!(failure_of(&log), LlmFailure::new("UNKNOWN", "no step"));
-    assert_eq!(trace.lines(), lines(&["A saw [hi]"]));
-    w.host.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_pre_step_hook_ends_the_turn_error() {
-    let trace = Trace::default();
-    let mut hooks = Hooks::new();
-    hooks.pre_step = vec![
-        pre_step("A", &trace, Act::Panic("pre_step exploded")),
-        pre_step("B", &trace, Act::Answer(Some("from B"))),
-    ];
-    let w = world(vec![ScriptEntry::text("ok")], hooks).await;
-    let log = run(&w, "hi").await;
-    assert_kinds(&skeleton(&log), &["turn/start", "turn/end"]);
-    assert_eq!(
-        failure_of(&log),
-        LlmFailure::new("UNKNOWN", "hook panicked: pre_step exploded")
-    );
-    assert_eq!(trace.lines(), lines(&["A saw [hi]"]));
-    w.host.shutdown().await;
+async fn a_failing_or_panicking_pre_step_hook_ends_the_turn_error_and_later_hooks_do_not_run() {
+    for (act, want) in failing_and_panicking("no step", "pre_step exploded") {
+        let trace = Trace::default();
+        let mut hooks = Hooks::new();
+        hooks.pre_step = vec![
+            pre_step("A", &trace, act),
+            pre_step("B", &trace, Act::Answer(Some("from B"))),
+        ];
+        let ran = run_once(vec![ScriptEntry::text("ok")], hooks, "hi").await;
+        assert_kinds(&skeleton(&ran.log), &["turn/start", "turn/end"]);
+        assert_eq!(failure_of(&ran.log), want);
+        assert_eq!(trace.lines(), lines(&["A saw [hi]"]));
+        assert!(ran.requests.is_empty());
+    }
 }
 
 // --- request ----------------------------------------------------------------------------------------
@@ -374,72 +394,29 @@ async fn request_hooks_chain_in_order_and_the_last_configuration_is_sent() {
         request("A", &trace, Act::Answer(())),
         request("B", &trace, Act::Answer(())),
     ];
-    let w = world(vec![ScriptEntry::text("ok")], hooks).await;
-    let log = run(&w, "hi").await;
+    let Ran { log, requests } = run_once(vec![ScriptEntry::text("ok")], hooks, "hi").await;
     assert_kinds(&skeleton(&log), &TEXT_TURN);
     assert_eq!(trace.lines(), lines(&["A saw []", "B saw [A]"]));
-    let sent = w.script.requests();
+    let sent = requests;
     assert_eq!(sent[0].config.stop, Some(vec!["A".into(), "B".into()]));
-    w.host.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_request_hook_ends_the_turn_error_without_asking_request_error() {
-    let trace = Trace::default();
-    let mut hooks = Hooks::new();
-    hooks.request = vec![
-        request(
-            "A",
-            &trace,
-            Act::Fail(HookError::Message("no request".into())),
-        ),
-        request("B", &trace, Act::Answer(())),
-    ];
-    hooks.request_error = vec![request_error("E", &trace, Act::Answer(Recovery::Retry))];
-    let w = world(vec![ScriptEntry::text("ok")], hooks).await;
-    let log = run(&w, "hi").await;
-    assert_kinds(
-        &skeleton(&log),
-        &[
-            "turn/start",
-            "step/start",
-            "user/message",
-            "step/end",
-            "turn/end",
-        ],
-    );
-    assert_eq!(failure_of(&log), LlmFailure::new("UNKNOWN", "no request"));
-    assert_eq!(trace.lines(), lines(&["A saw []"]));
-    assert!(w.script.requests().is_empty());
-    w.host.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_request_hook_ends_the_turn_error() {
-    let trace = Trace::default();
-    let mut hooks = Hooks::new();
-    hooks.request = vec![
-        request("A", &trace, Act::Panic("request exploded")),
-        request("B", &trace, Act::Answer(())),
-    ];
-    let w = world(vec![ScriptEntry::text("ok")], hooks).await;
-    let log = run(&w, "hi").await;
-    assert_kinds(
-        &skeleton(&log),
-        &[
-            "turn/start",
-            "step/start",
-            "user/message",
-            "step/end",
-            "turn/end",
-        ],
-    );
-    assert_eq!(
-        failure_of(&log),
-        LlmFailure::new("UNKNOWN", "hook panicked: request exploded")
-    );
-    assert_eq!(trace.lines(), lines(&["A saw []"]));
-    w.host.shutdown().await;
+async fn a_failing_or_panicking_request_hook_ends_the_turn_error_without_asking_request_error() {
+    for (act, want) in failing_and_panicking("no request", "request exploded") {
+        let trace = Trace::default();
+        let mut hooks = Hooks::new();
+        hooks.request = vec![
+            request("A", &trace, act),
+            request("B", &trace, Act::Answer(())),
+        ];
+        hooks.request_error = vec![request_error("E", &trace, Act::Answer(Recovery::Retry))];
+        let ran = run_once(vec![ScriptEntry::text("ok")], hooks, "hi").await;
+        assert_kinds(&skeleton(&ran.log), &NO_REQUEST);
+        assert_eq!(failure_of(&ran.log), want);
+        assert_eq!(trace.lines(), lines(&["A saw []"]));
+        assert!(ran.requests.is_empty());
+    }
 }
 
 // --- request_error ----------------------------------------------------------------------------------
@@ -461,8 +438,7 @@ async fn the_first_request_error_answer_that_is_not_delegate_wins() {
         request_error("B", &trace, Act::Answer(Recovery::Retry)),
         request_error("C", &trace, Act::Answer(Recovery::Delegate)),
     ];
-    let w = world(failing_then_ok(), hooks).await;
-    let log = run(&w, "hi").await;
+    let Ran { log, requests } = run_once(failing_then_ok(), hooks, "hi").await;
     // The failed attempt leaves only its chunk; the retry is a second attempt in the same step.
     assert_kinds(&skeleton(&log), &TEXT_TURN);
     assert_eq!(reasons(&log), [TurnEndReason::Completed]);
@@ -470,8 +446,7 @@ async fn the_first_request_error_answer_that_is_not_delegate_wins() {
         trace.lines(),
         lines(&["A saw RATE_LIMITED", "B saw RATE_LIMITED"])
     );
-    assert_eq!(w.script.requests().len(), 2);
-    w.host.shutdown().await;
+    assert_eq!(requests.len(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -482,8 +457,7 @@ async fn when_every_request_error_hook_delegates_the_turn_ends_with_the_failure(
         request_error("A", &trace, Act::Answer(Recovery::Delegate)),
         request_error("B", &trace, Act::Answer(Recovery::Delegate)),
     ];
-    let w = world(failing_then_ok(), hooks).await;
-    let log = run(&w, "hi").await;
+    let Ran { log, .. } = run_once(failing_then_ok(), hooks, "hi").await;
     assert_eq!(
         failure_of(&log),
         LlmFailure::new("RATE_LIMITED", "slow down")
@@ -492,56 +466,33 @@ async fn when_every_request_error_hook_delegates_the_turn_ends_with_the_failure(
         trace.lines(),
         lines(&["A saw RATE_LIMITED", "B saw RATE_LIMITED"])
     );
-    w.host.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_request_error_hook_ends_the_turn_with_its_failure() {
-    let trace = Trace::default();
-    let mut hooks = Hooks::new();
-    hooks.request_error = vec![
-        request_error(
-            "A",
-            &trace,
+async fn a_failing_or_panicking_request_error_hook_ends_the_turn_with_its_failure() {
+    let cases = [
+        (
             Act::Fail(HookError::Failure(LlmFailure::new("POLICY", "no retry"))),
+            LlmFailure::new("POLICY", "no retry"),
         ),
-        request_error("B", &trace, Act::Answer(Recovery::Retry)),
+        (
+            Act::Panic("request_error exploded"),
+            LlmFailure::new("UNKNOWN", "hook panicked: request_error exploded"),
+        ),
     ];
-    let w = world(failing_then_ok(), hooks).await;
-    let log = run(&w, "hi").await;
-    assert_kinds(
-        &skeleton(&log),
-        &[
-            "turn/start",
-            "step/start",
-            "user/message",
-            "step/end",
-            "turn/end",
-        ],
-    );
-    assert_eq!(failure_of(&log), LlmFailure::new("POLICY", "no retry"));
-    assert_eq!(trace.lines(), lines(&["A saw RATE_LIMITED"]));
-    assert_eq!(w.script.requests().len(), 1);
-    w.host.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_request_error_hook_ends_the_turn_error() {
-    let trace = Trace::default();
-    let mut hooks = Hooks::new();
-    hooks.request_error = vec![
-        request_error("A", &trace, Act::Panic("request_error exploded")),
-        request_error("B", &trace, Act::Answer(Recovery::Retry)),
-    ];
-    let w = world(failing_then_ok(), hooks).await;
-    let log = run(&w, "hi").await;
-    assert_eq!(
-        failure_of(&log),
-        LlmFailure::new("UNKNOWN", "hook panicked: request_error exploded")
-    );
-    assert_eq!(trace.lines(), lines(&["A saw RATE_LIMITED"]));
-    assert_eq!(w.script.requests().len(), 1);
-    w.host.shutdown().await;
+    for (act, want) in cases {
+        let trace = Trace::default();
+        let mut hooks = Hooks::new();
+        hooks.request_error = vec![
+            request_error("A", &trace, act),
+            request_error("B", &trace, Act::Answer(Recovery::Retry)),
+        ];
+        let ran = run_once(failing_then_ok(), hooks, "hi").await;
+        assert_kinds(&skeleton(&ran.log), &NO_REQUEST);
+        assert_eq!(failure_of(&ran.log), want);
+        assert_eq!(trace.lines(), lines(&["A saw RATE_LIMITED"]));
+        assert_eq!(ran.requests.len(), 1);
+    }
 }
 
 // --- tool hooks -------------------------------------------------------------------------------------
@@ -573,8 +524,7 @@ async fn pre_execute_hooks_run_in_order_and_post_execute_hooks_chain_the_output(
         Arc::new(Tool::new("A", &trace)),
         Arc::new(Tool::new("B", &trace)),
     ];
-    let w = world(one_call(), hooks).await;
-    let log = run(&w, "go").await;
+    let Ran { log, .. } = run_once(one_call(), hooks, "go").await;
     assert_kinds(&skeleton(&log), &TOOL_TURN);
     assert_eq!(tool_result(&log), ("echo: ping +A +B".into(), false, None));
     assert_eq!(
@@ -586,7 +536,6 @@ async fn pre_execute_hooks_run_in_order_and_post_execute_hooks_chain_the_output(
             "B post c1 saw echo: ping +A",
         ])
     );
-    w.host.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -608,8 +557,7 @@ async fn the_first_pre_execute_deny_wins_and_the_body_never_runs() {
             ..Tool::new("C", &trace)
         }),
     ];
-    let w = world(one_call(), hooks).await;
-    let log = run(&w, "go").await;
+    let Ran { log, .. } = run_once(one_call(), hooks, "go").await;
     assert_kinds(&skeleton(&log), &TOOL_TURN);
     // A denied call's error result still goes through post_execute, like any result.
     assert_eq!(
@@ -626,49 +574,27 @@ async fn the_first_pre_execute_deny_wins_and_the_body_never_runs() {
             "C post c1 saw Error: not now +A +B",
         ])
     );
-    w.host.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_pre_execute_hook_gives_the_call_an_error_result_and_the_body_never_runs() {
-    let trace = Trace::default();
-    let mut hooks = Hooks::new();
-    hooks.tool = vec![
-        Arc::new(Tool {
-            pre: Act::Fail(HookError::Message("no tools today".into())),
-            ..Tool::new("A", &trace)
-        }),
-        Arc::new(Tool::new("B", &trace)),
-    ];
-    let w = world(one_call(), hooks).await;
-    let log = run(&w, "go").await;
-    assert_kinds(&skeleton(&log), &TOOL_TURN);
-    assert_eq!(tool_result(&log), hook_failed("no tools today"));
-    // The failed result is final: no post_execute runs on it.
-    assert_eq!(trace.lines(), lines(&["A pre c1"]));
-    w.host.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_pre_execute_hook_gives_the_call_an_error_result() {
-    let trace = Trace::default();
-    let mut hooks = Hooks::new();
-    hooks.tool = vec![
-        Arc::new(Tool {
-            pre: Act::Panic("pre_execute exploded"),
-            ..Tool::new("A", &trace)
-        }),
-        Arc::new(Tool::new("B", &trace)),
-    ];
-    let w = world(one_call(), hooks).await;
-    let log = run(&w, "go").await;
-    assert_kinds(&skeleton(&log), &TOOL_TURN);
-    assert_eq!(
-        tool_result(&log),
-        hook_failed("hook panicked: pre_execute exploded")
-    );
-    assert_eq!(trace.lines(), lines(&["A pre c1"]));
-    w.host.shutdown().await;
+async fn a_failing_or_panicking_pre_execute_hook_gives_the_call_an_error_result_and_the_body_never_runs()
+ {
+    for (act, want) in failing_and_panicking("no tools today", "pre_execute exploded") {
+        let trace = Trace::default();
+        let mut hooks = Hooks::new();
+        hooks.tool = vec![
+            Arc::new(Tool {
+                pre: act,
+                ..Tool::new("A", &trace)
+            }),
+            Arc::new(Tool::new("B", &trace)),
+        ];
+        let ran = run_once(one_call(), hooks, "go").await;
+        assert_kinds(&skeleton(&ran.log), &TOOL_TURN);
+        assert_eq!(tool_result(&ran.log), hook_failed(&want.message));
+        // The failed result is final: no post_execute runs on it.
+        assert_eq!(trace.lines(), lines(&["A pre c1"]));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -682,15 +608,13 @@ async fn a_failing_post_execute_hook_makes_the_call_an_error_result() {
         }),
         Arc::new(Tool::new("B", &trace)),
     ];
-    let w = world(one_call(), hooks).await;
-    let log = run(&w, "go").await;
+    let Ran { log, .. } = run_once(one_call(), hooks, "go").await;
     assert_kinds(&skeleton(&log), &TOOL_TURN);
     assert_eq!(tool_result(&log), hook_failed("output refused"));
     assert_eq!(
         trace.lines(),
         lines(&["A pre c1", "B pre c1", "A post c1 saw echo: ping"])
     );
-    w.host.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -704,8 +628,7 @@ async fn a_panicking_post_execute_hook_makes_the_call_an_error_result() {
             ..Tool::new("B", &trace)
         }),
     ];
-    let w = world(one_call(), hooks).await;
-    let log = run(&w, "go").await;
+    let Ran { log, .. } = run_once(one_call(), hooks, "go").await;
     assert_kinds(&skeleton(&log), &TOOL_TURN);
     // Not the un-hooked `echo: ping`: the panic is the call's result.
     assert_eq!(
@@ -721,7 +644,6 @@ async fn a_panicking_post_execute_hook_makes_the_call_an_error_result() {
             "B post c1 saw echo: ping +A",
         ])
     );
-    w.host.shutdown().await;
 }
 
 // --- turn_stopping ----------------------------------------------------------------------------------
@@ -753,12 +675,12 @@ async fn every_turn_stopping_hook_runs_and_their_steers_concatenate_in_order() {
         turn_stopping("A", &trace, Act::Answer(steer("more from A"))),
         turn_stopping("B", &trace, Act::Answer(steer("more from B"))),
     ];
-    let w = world(
+    let Ran { log, .. } = run_once(
         vec![ScriptEntry::text("one"), ScriptEntry::text("two")],
         hooks,
+        "hi",
     )
     .await;
-    let log = run(&w, "hi").await;
     assert_kinds(
         &skeleton(&log),
         &[
@@ -780,7 +702,6 @@ async fn every_turn_stopping_hook_runs_and_their_steers_concatenate_in_order() {
         trace.lines(),
         lines(&["A at step 1", "B at step 1", "A at step 2", "B at step 2"])
     );
-    w.host.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -798,8 +719,7 @@ async fn the_first_turn_stopping_cancel_wins() {
         turn_stopping("B", &trace, Act::Answer(cancel("first"))),
         turn_stopping("C", &trace, Act::Answer(cancel("second"))),
     ];
-    let w = world(vec![ScriptEntry::text("one")], hooks).await;
-    let log = run(&w, "hi").await;
+    let Ran { log, .. } = run_once(vec![ScriptEntry::text("one")], hooks, "hi").await;
     assert_kinds(&skeleton(&log), &TEXT_TURN);
     assert_eq!(
         reasons(&log),
@@ -813,44 +733,21 @@ async fn the_first_turn_stopping_cancel_wins() {
         trace.lines(),
         lines(&["A at step 1", "B at step 1", "C at step 1"])
     );
-    w.host.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_turn_stopping_hook_ends_the_turn_error_and_later_hooks_do_not_run() {
-    let trace = Trace::default();
-    let mut hooks = Hooks::new();
-    hooks.turn_stopping = vec![
-        turn_stopping(
-            "A",
-            &trace,
-            Act::Fail(HookError::Message("cannot stop".into())),
-        ),
-        turn_stopping("B", &trace, Act::Answer(steer("more from B"))),
-    ];
-    let w = world(vec![ScriptEntry::text("one")], hooks).await;
-    let log = run(&w, "hi").await;
-    assert_kinds(&skeleton(&log), &TEXT_TURN);
-    assert_eq!(failure_of(&log), LlmFailure::new("UNKNOWN", "cannot stop"));
-    assert_eq!(trace.lines(), lines(&["A at step 1"]));
-    w.host.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_turn_stopping_hook_ends_the_turn_error() {
-    let trace = Trace::default();
-    let mut hooks = Hooks::new();
-    hooks.turn_stopping = vec![
-        turn_stopping("A", &trace, Act::Panic("turn_stopping exploded")),
-        turn_stopping("B", &trace, Act::Answer(steer("more from B"))),
-    ];
-    let w = world(vec![ScriptEntry::text("one")], hooks).await;
-    let log = run(&w, "hi").await;
-    assert_kinds(&skeleton(&log), &TEXT_TURN);
-    assert_eq!(
-        failure_of(&log),
-        LlmFailure::new("UNKNOWN", "hook panicked: turn_stopping exploded")
-    );
-    assert_eq!(trace.lines(), lines(&["A at step 1"]));
-    w.host.shutdown().await;
+async fn a_failing_or_panicking_turn_stopping_hook_ends_the_turn_error_and_later_hooks_do_not_run()
+{
+    for (act, want) in failing_and_panicking("cannot stop", "turn_stopping exploded") {
+        let trace = Trace::default();
+        let mut hooks = Hooks::new();
+        hooks.turn_stopping = vec![
+            turn_stopping("A", &trace, act),
+            turn_stopping("B", &trace, Act::Answer(steer("more from B"))),
+        ];
+        let ran = run_once(vec![ScriptEntry::text("one")], hooks, "hi").await;
+        assert_kinds(&skeleton(&ran.log), &TEXT_TURN);
+        assert_eq!(failure_of(&ran.log), want);
+        assert_eq!(trace.lines(), lines(&["A at step 1"]));
+    }
 }
