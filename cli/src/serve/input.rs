@@ -85,6 +85,11 @@ pub struct InputAck {
     pub message_id: String,
     /// Seq of the durable `agent/inbox/spliced` event that queued it.
     pub seq: u64,
+    /// Only for input to a session another node hosts (SPEC §14): `true` when the input is
+    /// durable in the database's inbox but its host has not applied it yet within the wait, so
+    /// `seq` (0) is not known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<bool>,
 }
 
 /// `POST /v1/sessions/{id}/cancel` body.
@@ -181,7 +186,18 @@ async fn send(
     // Only an id the client chose can repeat; a minted one needs no look-up.
     let client_id = body.id.is_some() || body.message.is_some();
     let message = body.into_message()?;
-    let handle = state.agent(&id).await?;
+    let handle = match state.agent(&id).await {
+        Ok(handle) => handle,
+        // Another node hosts it (SPEC §14): durable in the database's inbox, applied there.
+        Err(e) if e.code == "hosted_elsewhere" && state.cluster().is_some() => {
+            let sid = super::state::parse_session_id(&id)?;
+            if let Some(pg) = state.cluster() {
+                return super::cluster::send_remote(&state, pg, &sid, kind, message).await;
+            }
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
     let _guard = state.lock_input(handle.id()).await;
     let message_id = message.id.clone();
     let applied = &state.inner.applied;
@@ -205,7 +221,7 @@ async fn send(
 }
 
 /// Sends `message` as `kind`; returns the seq of the durable splice that queued it.
-async fn send_input(
+pub(crate) async fn send_input(
     handle: &AgentHandle,
     kind: InputKind,
     message: Message,
@@ -223,6 +239,7 @@ fn ack(id: &MessageId, seq: u64) -> InputAck {
     InputAck {
         message_id: id.to_string(),
         seq,
+        pending: None,
     }
 }
 
@@ -233,7 +250,21 @@ pub async fn cancel(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<CancelBody>,
 ) -> Result<(StatusCode, Json<CancelAck>), ApiError> {
-    let handle = state.agent(&id).await?;
+    let handle = match state.agent(&id).await {
+        Ok(handle) => handle,
+        // Another node hosts it (SPEC §14): recorded once durable in the database's inbox.
+        Err(e) if e.code == "hosted_elsewhere" && state.cluster().is_some() => {
+            let sid = super::state::parse_session_id(&id)?;
+            if let Some(pg) = state.cluster() {
+                super::cluster::cancel_remote(&state, pg, &sid, body.keep_inbox.unwrap_or(false))
+                    .await?;
+                tracing::debug!(session = %sid, "cancel queued for the host");
+                return Ok((StatusCode::ACCEPTED, Json(CancelAck { cancelled: true })));
+            }
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
     handle
         .cancel(CancelCause::User, body.keep_inbox.unwrap_or(false))
         .await
