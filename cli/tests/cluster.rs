@@ -13,7 +13,8 @@
 //! DSH_CLUSTER_SECS=300 nice -n 19 cargo test -p dsh-cli --test cluster -- --nocapture
 //! ```
 //!
-//! It prints one line of figures (kills, pauses, inputs sent, acknowledged, lost).
+//! It prints one line of figures (kills, pauses, inputs sent, acknowledged, through another node's
+//! inbox, lease takes, lost).
 
 mod cluster_support;
 #[path = "../../tests/store_postgres/db.rs"]
@@ -285,7 +286,7 @@ async fn a_cluster_under_kills_and_pauses_loses_no_acknowledged_input() {
 
     // Every log: contiguous, each acknowledged message spliced exactly once where the answer said,
     // no message spliced twice, and `dsh check` passes.
-    let tally = tally.lock().expect("tally");
+    let tally = std::mem::take(&mut *tally.lock().expect("tally"));
     let reader = slots
         .iter()
         .find_map(|s| s.server.as_ref())
@@ -327,10 +328,20 @@ async fn a_cluster_under_kills_and_pauses_loses_no_acknowledged_input() {
         );
     }
     let n_pending_answers = tally.acked.values().filter(|a| a.2).count();
+    let row = db_client
+        .query_one(
+            "SELECT (SELECT count(*) FROM dsh_inbox), \
+                    (SELECT coalesce(sum(epoch), 0)::bigint FROM dsh_leases)",
+            &[],
+        )
+        .await
+        .expect("figures");
+    let (n_inbox, n_takes): (i64, i64) = (row.get(0), row.get(1));
     eprintln!(
         "cluster: nodes {n_nodes}, sessions {n_sessions}, chaos {chaos_secs} s, lease {ttl_ms} ms: \
          kills {n_kills}, pauses {n_pauses}, inputs sent {}, acknowledged {} ({} answered pending), \
-         cancels acknowledged {}, not acknowledged {}, splices {spliced_total}, lost {lost}",
+         cancels acknowledged {}, not acknowledged {}, through another node's inbox {n_inbox}, \
+         lease takes {n_takes}, splices {spliced_total}, lost {lost}",
         tally.sent,
         tally.acked.len(),
         n_pending_answers,
@@ -343,4 +354,6 @@ async fn a_cluster_under_kills_and_pauses_loses_no_acknowledged_input() {
         "too few inputs acknowledged"
     );
     assert!(n_kills + n_pauses > 0);
+    assert!(n_inbox > 0, "no input went through another node's inbox");
+    assert!(n_takes > n_sessions as i64, "no session changed hosts");
 }

@@ -369,3 +369,70 @@ async fn a_killed_node_s_session_with_pending_input_is_taken_over_within_a_lease
     assert_eq!(row.get::<_, Option<String>>(0).as_deref(), Some("node-b"));
     assert_eq!(row.get::<_, i64>(1), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_on_several_nodes_reports_each_count_of_processes_on_one_database() {
+    let Some(db) =
+        TestDb::create("sim_on_several_nodes_reports_each_count_of_processes_on_one_database")
+            .await
+    else {
+        return;
+    };
+    let sb = Sandbox::new();
+    let r = sb.run(&[
+        "sim",
+        "--store",
+        db.url.as_str(),
+        "--nodes",
+        "2",
+        "--agents",
+        "20",
+        "--turns",
+        "2",
+        "--hibernate-ms",
+        "50",
+        "--ceiling-ms",
+        "200",
+        "--json",
+    ]);
+    assert_eq!(r.code, Some(0), "{r:#?}");
+    let report: serde_json::Value = serde_json::from_str(r.stdout.trim()).expect("one JSON object");
+    let rows = report["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2, "{report}");
+    for (k, row) in rows.iter().enumerate() {
+        assert_eq!(row["nodes"].as_u64(), Some(k as u64 + 1), "{row}");
+        // Every process ran its own 20 agents x 2 turns.
+        assert_eq!(row["turns"].as_u64(), Some(40 * (k as u64 + 1)), "{row}");
+        assert!(row["turns_per_sec"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
+        assert_eq!(
+            row["per_node_turns_per_sec"].as_array().map(Vec::len),
+            Some(k + 1)
+        );
+    }
+    assert!(
+        report["store_ceiling"]["events_per_sec"]
+            .as_f64()
+            .unwrap_or(0.0)
+            > 0.0,
+        "{report}"
+    );
+    assert!(
+        report["store_ceiling_ratio"].as_f64().unwrap_or(0.0) > 0.0,
+        "{report}"
+    );
+    // Each process deleted its own sessions.
+    let left = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM dsh_sessions", &[])
+        .await
+        .expect("count sessions");
+    assert_eq!(left.get::<_, i64>(0), 0);
+    // Without PostgreSQL there is nothing to share: a usage error, before anything runs.
+    let r = sb.run(&["sim", "--store", "memory", "--nodes", "2"]);
+    assert_eq!(r.code, Some(64), "{r:#?}");
+    assert!(
+        r.stderr.contains("--nodes needs --store postgres"),
+        "{r:#?}"
+    );
+}

@@ -347,3 +347,24 @@ async fn apply_message(
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recorded_refusal_is_answered_with_its_status_and_code() {
+        let e = refusal("413 too_large: field `message`: 3 MB, the limit is 1 MB");
+        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(e.code, "too_large");
+        assert_eq!(e.message, "field `message`: 3 MB, the limit is 1 MB");
+        let e = refusal("404 not_found: session s1 not found");
+        assert_eq!((e.status, e.code), (StatusCode::NOT_FOUND, "not_found"));
+        // An unknown code keeps its status under a generic code; a malformed record is a 409.
+        let e = refusal("400 weird_code: x");
+        assert_eq!((e.status, e.code), (StatusCode::BAD_REQUEST, "refused"));
+        let e = refusal("garbage");
+        assert_eq!((e.status, e.code), (StatusCode::CONFLICT, "refused"));
+        assert_eq!(e.message, "garbage");
+    }
+}

@@ -6,6 +6,10 @@
 //! event). The log is the record, so this holds across server restarts; `AppliedIds` keeps an index
 //! of it so that a repeated id costs a map look-up, not a read of the log. The per-session input
 //! lock makes the check and the send one step.
+//!
+//! Several nodes (SPEC §14): a followup, steer, inject or cancel for a session whose lease another
+//! node holds goes to the database's inbox and is applied by that node (`cluster.rs`); the answer
+//! is the same.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -145,7 +149,7 @@ impl InputBody {
 }
 
 /// `POST /v1/sessions/{id}/followup`.
-#[utoipa::path(post, path = "/v1/sessions/{id}/followup", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned, server draining, or the session hosted by another node (`hosted_elsewhere`; see Retry-After)", body = crate::serve::error::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sessions/{id}/followup", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining (input for a session another node hosts is made durable in the database and answered as here, SPEC §14)", body = crate::serve::error::ErrorBody)))]
 pub async fn followup(
     state: State<AppState>,
     path: Path<String>,
@@ -155,7 +159,7 @@ pub async fn followup(
 }
 
 /// `POST /v1/sessions/{id}/steer`.
-#[utoipa::path(post, path = "/v1/sessions/{id}/steer", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned, server draining, or the session hosted by another node (`hosted_elsewhere`; see Retry-After)", body = crate::serve::error::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sessions/{id}/steer", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining (input for a session another node hosts is made durable in the database and answered as here, SPEC §14)", body = crate::serve::error::ErrorBody)))]
 pub async fn steer(
     state: State<AppState>,
     path: Path<String>,
@@ -165,7 +169,7 @@ pub async fn steer(
 }
 
 /// `POST /v1/sessions/{id}/inject`.
-#[utoipa::path(post, path = "/v1/sessions/{id}/inject", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned, server draining, or the session hosted by another node (`hosted_elsewhere`; see Retry-After)", body = crate::serve::error::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sessions/{id}/inject", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining (input for a session another node hosts is made durable in the database and answered as here, SPEC §14)", body = crate::serve::error::ErrorBody)))]
 pub async fn inject(
     state: State<AppState>,
     path: Path<String>,
@@ -244,7 +248,7 @@ fn ack(id: &MessageId, seq: u64) -> InputAck {
 }
 
 /// `POST /v1/sessions/{id}/cancel`: 202 once the cancel is recorded.
-#[utoipa::path(post, path = "/v1/sessions/{id}/cancel", params(("id" = String, Path, description = "The session id")), request_body = CancelBody, responses((status = 202, description = "Recorded", body = CancelAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned, server draining, or the session hosted by another node (`hosted_elsewhere`; see Retry-After)", body = crate::serve::error::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sessions/{id}/cancel", params(("id" = String, Path, description = "The session id")), request_body = CancelBody, responses((status = 202, description = "Recorded", body = CancelAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining (input for a session another node hosts is made durable in the database and answered as here, SPEC §14)", body = crate::serve::error::ErrorBody)))]
 pub async fn cancel(
     State(state): State<AppState>,
     Path(id): Path<String>,

@@ -28,6 +28,10 @@
 //! Failures poison only what they must: a group whose commit failed poisons the sessions in it (its
 //! outcome is unknown; a `load` re-reads the truth and clears it), never the whole store.
 //!
+//! A paused node cannot stall a takeover: every connection sets
+//! `idle_in_transaction_session_timeout` to half a lease, so a transaction left open by a node that
+//! stopped running is ended by the server (its locks on the lease row go with it).
+//!
 //! The read path: `load` and `inspect` scan rows with `scan::Scanner` in `Damage::Corrupt` mode (a
 //! committed PostgreSQL transaction cannot tear), like the SQLite store.
 
@@ -275,6 +279,13 @@ impl PostgresStore {
             .map_err(|e| io_error("open", format!("invalid PostgreSQL URL: {e}")))?;
         if pg_config.get_application_name().is_none() {
             pg_config.application_name(format!("dsh {}", config.node_id));
+        }
+        // A node paused inside a transaction (SIGSTOP, a long GC-like stall) must not hold the row
+        // locks a takeover needs: the server ends such a transaction after half a lease, so the
+        // paused node's commit fails (its group is poisoned) and the other node takes over.
+        if pg_config.get_options().is_none() {
+            let idle_ms = (config.lease_ttl / 2).as_millis().max(250);
+            pg_config.options(format!("-c idle_in_transaction_session_timeout={idle_ms}"));
         }
         if config.queue_requests_max == 0 || config.readers_max == 0 {
             return Err(io_error(
