@@ -612,6 +612,27 @@ async fn postgres_the_inbox_keeps_order_answers_a_repeated_id_and_finds_unhosted
     assert_eq!(host.inbox_unhosted(16).await.unwrap(), vec![id.clone()]);
     tokio::time::sleep(ttl + Duration::from_millis(200)).await;
     assert_eq!(other.inbox_unhosted(16).await.unwrap(), vec![id.clone()]);
+    // Settled rows go with a gc, pending ones stay; deleting the session deletes the rest.
+    assert_eq!(other.inbox_gc(Duration::ZERO).await.unwrap(), 2);
+    assert_eq!(host.inbox_pending(&id).await.unwrap().len(), 6);
+    let fresh = other
+        .inbox_put(&id, &first.input_id, InboxKind::Followup, "{}")
+        .await
+        .unwrap();
+    assert!(
+        fresh.fresh,
+        "its row was deleted: the id is taken again (the log dedups it)"
+    );
+    assert_eq!(fresh.n, 9);
+    other.load(&id).await.unwrap();
+    assert!(other.delete(&id).await.unwrap());
+    let left = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM dsh_inbox", &[])
+        .await
+        .unwrap();
+    assert_eq!(left.get::<_, i64>(0), 0);
     // A put for a session that does not exist is NotFound, and writes nothing.
     assert!(matches!(
         other

@@ -16,7 +16,8 @@
 //! `scan_every` it also asks the database for sessions with pending rows whose lease is free,
 //! expired or its own, and takes them: resuming one takes its lease with a higher epoch and
 //! repairs its log (`PostgresStore::load`), so a dead node's sessions with pending input are
-//! hosted again about one lease period after it stopped renewing.
+//! hosted again about one lease period after it stopped renewing. Once a minute it deletes inbox
+//! rows settled more than an hour ago.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,6 +39,12 @@ use super::state::AppState;
 
 /// Sessions whose pending inbox rows the worker asks for at most per scan.
 const SCAN_SESSIONS_MAX: u32 = 256;
+
+/// How long settled inbox rows are kept as the record a repeated message id is answered from.
+const INBOX_KEEP: Duration = Duration::from_secs(3600);
+
+/// How often a node deletes the settled rows older than `INBOX_KEEP`.
+const INBOX_GC_EVERY: Duration = Duration::from_secs(60);
 
 fn inbox_kind(kind: InputKind) -> InboxKind {
     match kind {
@@ -186,6 +193,7 @@ pub fn start(state: &AppState) -> Option<JoinHandle<()>> {
         let mut tick = tokio::time::interval(scan_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let applying: Arc<Applying> = Arc::new(DashMap::new());
+        let mut last_gc = Instant::now();
         loop {
             tokio::select! {
                 () = state.inner.streams_end.cancelled() => return,
@@ -199,6 +207,14 @@ pub fn start(state: &AppState) -> Option<JoinHandle<()>> {
                 _ = tick.tick() => {
                     if state.is_draining() {
                         continue;
+                    }
+                    if last_gc.elapsed() >= INBOX_GC_EVERY {
+                        last_gc = Instant::now();
+                        match pg.inbox_gc(INBOX_KEEP).await {
+                            Ok(n) if n > 0 => tracing::debug!(n, "settled inbox rows deleted"),
+                            Ok(_) => {}
+                            Err(e) => tracing::warn!(error = %e, "deleting settled inbox rows failed"),
+                        }
                     }
                     match pg.inbox_unhosted(SCAN_SESSIONS_MAX).await {
                         Ok(ids) => {

@@ -10,6 +10,9 @@
 //! (`inbox_unhosted`) for pending rows of sessions whose lease is free or expired, and takes them
 //! over: a session with pending input is never without a host for much longer than a lease.
 //!
+//! Settled rows are kept for a while (`inbox_gc`) as the record a repeated message id is answered
+//! from; deleting a session deletes its rows.
+//!
 //! Order: an insert takes a transaction-level advisory lock on the session, then numbers its row
 //! one past the session's greatest `n`. Inserts to one session are therefore serialized and commit
 //! in `n` order, so applying in `n` order is applying in commit order.
@@ -338,6 +341,27 @@ impl PostgresStore {
             }
         }
         Ok(out)
+    }
+
+    /// Deletes inbox rows settled more than `older_than` ago (pending rows are never deleted);
+    /// returns how many. A repeated message id that no longer meets its row is still applied once
+    /// — the host finds it in the log — but is answered 202 rather than 200.
+    ///
+    /// # Errors
+    /// `Io`; `Closed`.
+    pub async fn inbox_gc(&self, older_than: Duration) -> Result<u64, StoreError> {
+        self.shared.readable()?;
+        let op = "inbox gc";
+        let ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+        let client = self.shared.client(op).await?;
+        client
+            .execute(
+                "DELETE FROM dsh_inbox WHERE outcome IS NOT NULL \
+                 AND created_at < now() - $1::bigint * interval '1 millisecond'",
+                &[&ms],
+            )
+            .await
+            .map_err(|e| io_error(op, pg_error(&e)))
     }
 
     /// Listens on `dsh_inbox` over a connection of its own (reconnecting when it drops) and sends
