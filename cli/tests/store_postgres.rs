@@ -19,11 +19,12 @@ mod serve_support;
 
 use std::time::{Duration, Instant};
 
-use cluster_support::{assert_contiguous, kill, log_of, spliced, start_node, types};
+use cluster_support::{assert_contiguous, kill, log_of, signal, spliced, start_node, types};
 use pg_db::TestDb;
+use rustix::process::Signal;
 use sandbox::Sandbox;
 use serde_json::json;
-use serve_support::{SLOW_SIM, kinds};
+use serve_support::{FAST_SIM, SLOW_SIM, kinds};
 
 #[test]
 fn a_bad_store_url_is_one_line_and_opens_nothing() {
@@ -435,4 +436,77 @@ async fn sim_on_several_nodes_reports_each_count_of_processes_on_one_database() 
         r.stderr.contains("--nodes needs --store postgres"),
         "{r:#?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_paused_past_its_lease_hands_input_to_the_new_host_when_it_wakes() {
+    let Some(db) =
+        TestDb::create("a_node_paused_past_its_lease_hands_input_to_the_new_host_when_it_wakes")
+            .await
+    else {
+        return;
+    };
+    let ttl_ms = 1_000;
+    let (dir_a, dir_b) = (Sandbox::new(), Sandbox::new());
+    let url = db.url.as_str();
+    let a = start_node(dir_a.path(), FAST_SIM, url, "node-a", ttl_ms);
+    let b = start_node(dir_b.path(), FAST_SIM, url, "node-b", ttl_ms);
+    a.create_with_followup("p1", "hello from a").await;
+    let mut on_a = a.events("/v1/sessions/p1/events", None).await;
+    on_a.until("turn/end").await;
+    drop(on_a);
+    // Nothing in flight on A: its last write committed.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A's agent is idle and live (it hibernates only after 30 s). A stops past its lease; input
+    // on B waits until the lease lapses, then B takes the session over.
+    signal(&a, Signal::STOP);
+    let (status, on_b) = b
+        .call(
+            "POST",
+            "/v1/sessions/p1/followup",
+            Some(json!({ "id": "to-b", "text": "while a sleeps" })),
+        )
+        .await;
+    assert_eq!(status, 202, "{on_b}");
+    signal(&a, Signal::CONT);
+    // A's renewal finds the lease taken (within a third of a lease) and fences the session.
+    tokio::time::sleep(Duration::from_millis(ttl_ms)).await;
+    // Input on A now: its live agent is stopped, and the input goes to B through the inbox.
+    let (status, on_a) = a
+        .call(
+            "POST",
+            "/v1/sessions/p1/followup",
+            Some(json!({ "id": "to-a", "text": "a is awake" })),
+        )
+        .await;
+    assert_eq!(status, 202, "{on_a}");
+    assert!(on_a["seq"].as_u64() > on_b["seq"].as_u64(), "{on_a} {on_b}");
+    let log = log_of(&b, "p1").await;
+    assert_contiguous(&log);
+    let splices = spliced(&log);
+    let ours: Vec<(String, u64)> = splices
+        .iter()
+        .filter(|(id, _)| id.starts_with("to-"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        ours,
+        vec![
+            ("to-b".to_string(), on_b["seq"].as_u64().expect("a seq")),
+            ("to-a".to_string(), on_a["seq"].as_u64().expect("a seq")),
+        ],
+        "{:?}",
+        types(&log)
+    );
+    let row = db
+        .client()
+        .await
+        .query_one(
+            "SELECT node_id, epoch FROM dsh_leases WHERE session_id = 'p1'",
+            &[],
+        )
+        .await
+        .expect("the lease row");
+    assert_eq!(row.get::<_, Option<String>>(0).as_deref(), Some("node-b"));
+    assert_eq!(row.get::<_, i64>(1), 2);
 }

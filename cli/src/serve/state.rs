@@ -220,8 +220,27 @@ impl AppState {
                 .is_current(&id)
                 .await
                 .map_err(|e| ApiError::from_store(&e))?;
-            if current || !self.host().evict(&id) {
+            if current {
                 return Ok(handle);
+            }
+            if !self.host().evict(&id) {
+                // Live here, but another node took the session over (this one was paused past
+                // its lease): it can never write again. Stop it — its writes fail at once — and
+                // read the session back, instead of refusing this request.
+                if !pg.is_fenced(&id) {
+                    return Ok(handle);
+                }
+                let stop = self
+                    .host()
+                    .config()
+                    .stop_timeout
+                    .min(Duration::from_secs(2));
+                if tokio::time::timeout(stop, self.host().dispose(&id))
+                    .await
+                    .is_err()
+                {
+                    return Ok(handle);
+                }
             }
             tracing::debug!(session = %id, "a stale agent of another node's session forgotten");
         }

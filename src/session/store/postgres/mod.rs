@@ -401,6 +401,15 @@ impl PostgresStore {
         })
     }
 
+    /// Whether this node knows it lost `id`'s lease to another node (a takeover after its lease
+    /// lapsed): every write of the session here fails `Fenced` until a `load` takes it back.
+    pub fn is_fenced(&self, id: &SessionId) -> bool {
+        self.shared
+            .held()
+            .get(id)
+            .is_some_and(|h| matches!(h.state, HeldState::Fenced(_)))
+    }
+
     /// Gives up `id`'s lease if this node holds it, at `epoch` when one is given.
     async fn release_held(&self, id: &SessionId, epoch: Option<i64>) -> Result<(), StoreError> {
         self.shared.readable()?;
