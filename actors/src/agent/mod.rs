@@ -908,9 +908,8 @@ impl AgentActor {
         // Every write is acknowledged: a store with leases gives the session's lease up (SPEC
         // §14); a wake that appends again takes it back first. Spawned only once the core is with
         // the slot, so it never widens the window between `passivated` and `passivate` that a
-        // restart reads.
-        // The epoch is read now: the spawned release must not give up a lease that a quick wake
-        // took again meanwhile (a higher epoch).
+        // restart reads. The epoch is read now: the spawned release must not give up a lease that
+        // a quick wake took again meanwhile (a higher epoch).
         let store = Arc::clone(&self.runtime.store);
         let id = state.id().clone();
         if let Some(epoch) = store.lease_epoch(&id) {

@@ -215,7 +215,7 @@ impl AppState {
             };
             // Several nodes (SPEC §14): an agent kept here (hibernated, or failed when its lease
             // was taken over) is stale once another node wrote the session; it is forgotten and
-            // read back from the store. A live one is left to its own fence.
+            // read back from the store (which, while that node's lease lives, is hosted_elsewhere).
             let current = pg
                 .is_current(&id)
                 .await
