@@ -60,7 +60,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_LISTEN)]
     pub listen: String,
     /// Store: `sqlite:DIR` (default: the data directory) or `postgres://…` (several nodes on one
-    /// database, SPEC §14).
+    /// database, SPEC §14; `DSH_NODE_ID` names this node, `DSH_LEASE_TTL_MS` sets the lease period,
+    /// default 10,000).
     #[arg(long, env = "DSH_STORE", value_name = "URL")]
     pub store: Option<String>,
     /// File whose first line is the bearer token every /v1 request must carry (else `DSH_TOKEN`).
