@@ -387,6 +387,27 @@ impl Host {
         Ok(())
     }
 
+    /// Forgets an agent that is dormant (hibernated) or failed, writing nothing: no cancel, no
+    /// lease release. For a server that learned the session's log moved on under another node
+    /// (SPEC §14), so that the next use reads it back from the store. Returns whether it was
+    /// forgotten; a live or restarting agent is left alone.
+    pub fn evict(&self, id: &SessionId) -> bool {
+        let removed = self.registry.agents.remove_if(id, |_, record| {
+            matches!(
+                record.slot.current(),
+                SlotState::Dormant | SlotState::Failed(_)
+            )
+        });
+        match removed {
+            Some((_, record)) => {
+                drop(record.slot.take_dormant());
+                record.slot.set(SlotState::Disposed);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Drops the agent as a crash would — nothing unacknowledged is flushed — and resumes it from the
     /// store, repair included (used by tests and scenario files).
     ///

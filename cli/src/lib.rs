@@ -171,6 +171,13 @@ pub struct SimArgs {
     /// (SPEC §15); the report counts compactions. Unset: no automatic compaction.
     #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
     pub context_window: Option<u64>,
+    /// Several nodes on one PostgreSQL database (SPEC §14): run the same workload on 1, 2, …, N
+    /// `dsh sim` processes at once (each with its own agents), and report turns/s for each count.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=8))]
+    pub nodes: usize,
+    /// Names this process's sessions `sim-TAG-…` (set by `--nodes` for each process it starts).
+    #[arg(long, hide = true, value_name = "TAG")]
+    pub node_tag: Option<String>,
 }
 
 /// The flags of the one agent `dsh chat` and `dsh run` drive: which session, which provider and

@@ -121,9 +121,43 @@ impl Opened {
     }
 }
 
+/// The PostgreSQL store's settings from the environment: `DSH_NODE_ID` (this node's id in the
+/// lease table; default `node-PID-RANDOM`) and `DSH_LEASE_TTL_MS` (SPEC §14 `lease_ttl`, default
+/// 10,000; at least 300).
+///
+/// # Errors
+/// `CliError::Usage` for a value that is not one.
+pub fn postgres_config() -> Result<PostgresConfig, CliError> {
+    let mut config = PostgresConfig::default();
+    if let Ok(node) = std::env::var("DSH_NODE_ID") {
+        let ok = !node.is_empty()
+            && node.len() <= 128
+            && node
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !ok {
+            return Err(CliError::Usage(
+                "DSH_NODE_ID: 1-128 characters of A-Z a-z 0-9 - _ .".to_string(),
+            ));
+        }
+        config.node_id = node;
+    }
+    if let Ok(ttl) = std::env::var("DSH_LEASE_TTL_MS") {
+        match ttl.parse::<u64>() {
+            Ok(ms) if ms >= 300 => config.lease_ttl = std::time::Duration::from_millis(ms),
+            _ => {
+                return Err(CliError::Usage(format!(
+                    "DSH_LEASE_TTL_MS: {ttl:?} is not a number of milliseconds of at least 300"
+                )));
+            }
+        }
+    }
+    Ok(config)
+}
+
 /// Opens a PostgreSQL store for this command.
 async fn open_postgres(url: &str) -> Result<Opened, CliError> {
-    PostgresStore::open(url, PostgresConfig::default())
+    PostgresStore::open(url, postgres_config()?)
         .await
         .map(|s| Opened::Postgres(Arc::new(s)))
         .map_err(|e| CliError::Failed(format!("cannot open the PostgreSQL store: {e}")))

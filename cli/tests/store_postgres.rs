@@ -3,88 +3,28 @@
 //! released its lease), `sessions`, `check` and `export` read it, `import` writes one; and a bad
 //! store URL is one clear line, before anything is opened. Two `dsh serve` nodes on one database:
 //! a session hosted by one is read on the other from the store (info, messages, export, events
-//! replayed and followed) and its input there is 503 `hosted_elsewhere` naming the host.
+//! replayed and followed), and input sent to the other is made durable in the database's inbox and
+//! applied by the host in order, once each (a repeated id gets the first answer); a node killed
+//! mid-turn has its session taken over, repaired and continued by the other about one lease after.
 //!
 //! The test creates a database of its own and drops it. Without a server (`DSH_TEST_POSTGRES`,
 //! default `postgres://postgres@127.0.0.1:5432/postgres`) it prints one line saying it skipped;
 //! with `CI=true` it fails instead.
 
+mod cluster_support;
+#[path = "../../tests/store_postgres/db.rs"]
+mod pg_db;
 mod sandbox;
 mod serve_support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use cluster_support::{assert_contiguous, kill, log_of, signal, spliced, start_node, types};
+use pg_db::TestDb;
+use rustix::process::Signal;
 use sandbox::Sandbox;
-use serve_support::{SLOW_SIM, Server, kinds};
-use tokio_postgres::NoTls;
-
-/// A fresh database on the test server, dropped on drop; `None` when no server is reachable
-/// outside CI.
-struct TestDb {
-    admin_url: String,
-    name: String,
-    url: String,
-}
-
-impl TestDb {
-    async fn create(test: &str) -> Option<TestDb> {
-        let admin_url = std::env::var("DSH_TEST_POSTGRES")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string());
-        let connected = tokio::time::timeout(
-            Duration::from_secs(5),
-            tokio_postgres::connect(&admin_url, NoTls),
-        )
-        .await;
-        let Ok(Ok((client, connection))) = connected else {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "{test}: PostgreSQL is not reachable at {admin_url} and CI=true"
-            );
-            eprintln!(
-                "{test}: skipped: PostgreSQL not reachable at {admin_url}; run a server on 127.0.0.1:5432 (trust auth) or set DSH_TEST_POSTGRES"
-            );
-            return None;
-        };
-        tokio::spawn(connection);
-        let name = format!("dsh_test_{}", uuid::Uuid::new_v4().simple());
-        client
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .expect("create the test database");
-        let (base, _) = admin_url
-            .rsplit_once('/')
-            .expect("DSH_TEST_POSTGRES is a postgres://…/DB URL");
-        let url = format!("{base}/{name}");
-        Some(TestDb {
-            admin_url,
-            name,
-            url,
-        })
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            rt.block_on(async move {
-                let (client, connection) = tokio_postgres::connect(&admin_url, NoTls).await?;
-                tokio::spawn(connection);
-                client
-                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                    .await
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("could not drop the test database {}", self.name);
-        }
-    }
-}
+use serde_json::json;
+use serve_support::{FAST_SIM, SLOW_SIM, kinds};
 
 #[test]
 fn a_bad_store_url_is_one_line_and_opens_nothing() {
@@ -176,18 +116,17 @@ async fn every_store_command_works_on_postgres() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_hosted_by_another_node_is_read_there_and_its_input_is_hosted_elsewhere() {
-    let Some(db) = TestDb::create(
-        "a_session_hosted_by_another_node_is_read_there_and_its_input_is_hosted_elsewhere",
-    )
-    .await
+async fn a_session_hosted_by_another_node_is_read_there_and_takes_input_there() {
+    let Some(db) =
+        TestDb::create("a_session_hosted_by_another_node_is_read_there_and_takes_input_there")
+            .await
     else {
         return;
     };
     let (dir_a, dir_b) = (Sandbox::new(), Sandbox::new());
     let url = db.url.as_str();
-    let a = Server::start(dir_a.path(), SLOW_SIM, &["--store", url]);
-    let b = Server::start(dir_b.path(), SLOW_SIM, &["--store", url]);
+    let a = start_node(dir_a.path(), SLOW_SIM, url, "node-a", 10_000);
+    let b = start_node(dir_b.path(), SLOW_SIM, url, "node-b", 10_000);
     a.create_with_followup("h1", "hello from a").await;
     // A runs the (slow) turn and holds the session's lease while it does.
     let mut on_a = a.events("/v1/sessions/h1/events", None).await;
@@ -234,50 +173,340 @@ async fn a_session_hosted_by_another_node_is_read_there_and_its_input_is_hosted_
     );
     assert!(kinds(&replayed).contains(&"user/message"), "{replayed:?}");
 
-    // Input on B for a session A hosts: 503 hosted_elsewhere naming A, with a Retry-After.
-    let refused = b
-        .client
-        .post(b.url("/v1/sessions/h1/followup"))
-        .header("content-type", "application/json")
-        .body(r#"{"text":"hello from b"}"#)
-        .send()
-        .await
-        .expect("followup on b");
-    assert_eq!(refused.status().as_u16(), 503);
-    let retry_after: u64 = refused.headers()["retry-after"]
-        .to_str()
-        .expect("ascii")
-        .parse()
-        .expect("seconds");
-    assert!((1..=10).contains(&retry_after), "Retry-After {retry_after}");
-    let body: serde_json::Value = refused.json().await.expect("a JSON body");
-    assert_eq!(body["error"]["code"], "hosted_elsewhere", "{body}");
-    let node_a = format!("node-{}-", a.child.id());
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains(&node_a),
-        "{body}"
-    );
+    // Input on B for a session A hosts is made durable in the database's inbox and applied by A,
+    // in order and once each; B answers as for a local session: 202 with the splice's seq.
+    let mut acked: Vec<(String, u64)> = Vec::new();
+    for (i, path) in ["followup", "steer", "followup", "inject", "followup"]
+        .iter()
+        .enumerate()
+    {
+        let id = format!("b{i}");
+        let (status, ack) = b
+            .call(
+                "POST",
+                &format!("/v1/sessions/h1/{path}"),
+                Some(json!({ "id": id, "text": format!("hello from b {i}") })),
+            )
+            .await;
+        assert_eq!(status, 202, "{path} {id}: {ack}");
+        assert_eq!(ack["message_id"], id.as_str(), "{ack}");
+        assert!(ack.get("pending").is_none(), "{ack}");
+        acked.push((id, ack["seq"].as_u64().expect("a seq")));
+    }
+    // A repeated id is not applied twice: 200 with the first answer, on B (its inbox row) and on A
+    // (its log).
+    for node in [&b, &a] {
+        let (status, ack) = node
+            .call(
+                "POST",
+                "/v1/sessions/h1/followup",
+                Some(json!({ "id": "b0", "text": "again" })),
+            )
+            .await;
+        assert_eq!(status, 200, "{ack}");
+        assert_eq!(ack["message_id"], "b0");
+        assert_eq!(ack["seq"].as_u64(), Some(acked[0].1), "{ack}");
+    }
 
-    // B's stream follows what A writes: the cancelled turn's end reaches it through the store.
+    // A cancel on B reaches A through the inbox; B's stream follows what A writes.
     let mut on_b = b.events("/v1/sessions/h1/events", None).await;
-    let (status, answer) = a.call("POST", "/v1/sessions/h1/cancel", None).await;
+    let (status, answer) = b
+        .call(
+            "POST",
+            "/v1/sessions/h1/cancel",
+            Some(json!({ "keep_inbox": true })),
+        )
+        .await;
     assert_eq!(status, 202, "{answer}");
     let rest_a = on_a.until("turn/end").await;
     let followed = on_b.until("turn/end").await;
     let all_a: Vec<_> = seen_a.iter().chain(rest_a.iter()).cloned().collect();
     assert_eq!(followed, all_a);
-    // Nothing was written by B: the log is A's events, and A's input only.
-    let log = b
-        .client
-        .get(b.url("/v1/sessions/h1/export"))
-        .send()
+    let (status, answer) = a.call("POST", "/v1/sessions/h1/cancel", None).await;
+    assert_eq!(status, 202, "{answer}");
+
+    // The log: B's inputs spliced once each, at the seqs B answered, in the order B took them;
+    // seqs contiguous; nothing written by B itself (it never held the lease).
+    let log = log_of(&b, "h1").await;
+    assert_contiguous(&log);
+    let from_b: Vec<(String, u64)> = spliced(&log)
+        .into_iter()
+        .filter(|(id, _)| acked.iter().any(|(b, _)| b == id))
+        .collect();
+    assert_eq!(from_b, acked, "{:?}", types(&log));
+    let db_client = db.client().await;
+    let row = db_client
+        .query_one(
+            "SELECT node_id, epoch FROM dsh_leases WHERE session_id = 'h1'",
+            &[],
+        )
         .await
-        .expect("export")
-        .text()
+        .expect("the lease row");
+    assert_eq!(row.get::<_, Option<String>>(0).as_deref(), Some("node-a"));
+    assert_eq!(row.get::<_, i64>(1), 1, "only A ever held h1");
+    let rows = db_client
+        .query(
+            "SELECT input_id, kind, outcome, seq FROM dsh_inbox WHERE session_id = 'h1' ORDER BY n",
+            &[],
+        )
         .await
-        .expect("a body");
-    assert!(!log.contains("hello from b"), "{log}");
+        .expect("the inbox rows");
+    let rows: Vec<(String, String, Option<String>, Option<i64>)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for (row, (id, seq)) in rows.iter().zip(&acked) {
+        assert_eq!(
+            (&row.0, row.2.as_deref(), row.3),
+            (id, Some("applied"), Some(*seq as i64))
+        );
+    }
+    assert_eq!(
+        (rows[5].1.as_str(), rows[5].2.as_deref()),
+        ("cancel", Some("applied"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_s_session_with_pending_input_is_taken_over_within_a_lease() {
+    let Some(db) =
+        TestDb::create("a_killed_node_s_session_with_pending_input_is_taken_over_within_a_lease")
+            .await
+    else {
+        return;
+    };
+    let ttl_ms = 1_500;
+    let (dir_a, dir_b) = (Sandbox::new(), Sandbox::new());
+    let url = db.url.as_str();
+    let mut a = start_node(dir_a.path(), SLOW_SIM, url, "node-a", ttl_ms);
+    let b = start_node(dir_b.path(), SLOW_SIM, url, "node-b", ttl_ms);
+    a.create_with_followup("k1", "hello from a").await;
+    let mut on_a = a.events("/v1/sessions/k1/events", None).await;
+    let before = on_a.until("assistant/chunk").await;
+
+    // A dies mid-turn, holding the lease. Input on B waits in the inbox until the lease expires;
+    // then B takes the session over (epoch 2), repairs the open turn and applies the input.
+    kill(&mut a);
+    let killed = Instant::now();
+    let (status, ack) = b
+        .call(
+            "POST",
+            "/v1/sessions/k1/followup",
+            Some(json!({ "id": "after-kill", "text": "hello from b" })),
+        )
+        .await;
+    let took = killed.elapsed();
+    assert_eq!(status, 202, "{ack}");
+    assert!(ack.get("pending").is_none(), "{ack}");
+    assert!(
+        took >= Duration::from_millis(ttl_ms / 2) && took < Duration::from_millis(3 * ttl_ms),
+        "taken over after {took:?}"
+    );
+    let (status, again) = b
+        .call(
+            "POST",
+            "/v1/sessions/k1/followup",
+            Some(json!({ "id": "after-kill", "text": "hello from b" })),
+        )
+        .await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["seq"], ack["seq"]);
+    let (status, answer) = b.call("POST", "/v1/sessions/k1/cancel", None).await;
+    assert_eq!(status, 202, "{answer}");
+
+    let log = log_of(&b, "k1").await;
+    assert_contiguous(&log);
+    let kinds_before: Vec<&str> = before.iter().map(|e| e.event.as_str()).collect();
+    let all = types(&log);
+    assert_eq!(all[..kinds_before.len()], kinds_before[..]);
+    // After what A wrote (its turn streaming): the closers B's load appended, then B's input and
+    // the turn it started, which the cancel ended.
+    let seq = ack["seq"].as_u64().expect("a seq") as usize;
+    let streamed = all[kinds_before.len()..]
+        .iter()
+        .take_while(|k| **k == "assistant/chunk")
+        .count();
+    let after_a = &all[kinds_before.len() + streamed..];
+    assert_eq!(
+        after_a[..9],
+        [
+            "step/end",
+            "turn/end",
+            "session/end-seed",
+            "agent/inbox/spliced",
+            "turn/start",
+            "agent/inbox/spliced",
+            "step/start",
+            "user/message",
+            "request/header",
+        ],
+        "{all:?}"
+    );
+    assert_eq!(
+        after_a[after_a.len() - 2..],
+        ["step/end", "turn/end"],
+        "{all:?}"
+    );
+    let closed = kinds_before.len() + streamed + 1;
+    assert!(
+        log[closed].to_string().contains("interrupted"),
+        "{}",
+        log[closed]
+    );
+    assert_eq!(seq, kinds_before.len() + streamed + 3);
+    let splices = spliced(&log);
+    assert_eq!(splices.len(), 2, "{splices:?}");
+    assert_eq!(splices[1], ("after-kill".to_string(), seq as u64));
+    let row = db
+        .client()
+        .await
+        .query_one(
+            "SELECT node_id, epoch FROM dsh_leases WHERE session_id = 'k1'",
+            &[],
+        )
+        .await
+        .expect("the lease row");
+    assert_eq!(row.get::<_, Option<String>>(0).as_deref(), Some("node-b"));
+    assert_eq!(row.get::<_, i64>(1), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_on_several_nodes_reports_each_count_of_processes_on_one_database() {
+    let Some(db) =
+        TestDb::create("sim_on_several_nodes_reports_each_count_of_processes_on_one_database")
+            .await
+    else {
+        return;
+    };
+    let sb = Sandbox::new();
+    let r = sb.run(&[
+        "sim",
+        "--store",
+        db.url.as_str(),
+        "--nodes",
+        "2",
+        "--agents",
+        "20",
+        "--turns",
+        "2",
+        "--hibernate-ms",
+        "50",
+        "--ceiling-ms",
+        "200",
+        "--json",
+    ]);
+    assert_eq!(r.code, Some(0), "{r:#?}");
+    let report: serde_json::Value = serde_json::from_str(r.stdout.trim()).expect("one JSON object");
+    let rows = report["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2, "{report}");
+    for (k, row) in rows.iter().enumerate() {
+        assert_eq!(row["nodes"].as_u64(), Some(k as u64 + 1), "{row}");
+        // Every process ran its own 20 agents x 2 turns.
+        assert_eq!(row["turns"].as_u64(), Some(40 * (k as u64 + 1)), "{row}");
+        assert!(row["turns_per_sec"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
+        assert_eq!(
+            row["per_node_turns_per_sec"].as_array().map(Vec::len),
+            Some(k + 1)
+        );
+    }
+    assert!(
+        report["store_ceiling"]["events_per_sec"]
+            .as_f64()
+            .unwrap_or(0.0)
+            > 0.0,
+        "{report}"
+    );
+    assert!(
+        report["store_ceiling_ratio"].as_f64().unwrap_or(0.0) > 0.0,
+        "{report}"
+    );
+    // Each process deleted its own sessions.
+    let left = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM dsh_sessions", &[])
+        .await
+        .expect("count sessions");
+    assert_eq!(left.get::<_, i64>(0), 0);
+    // Without PostgreSQL there is nothing to share: a usage error, before anything runs.
+    let r = sb.run(&["sim", "--store", "memory", "--nodes", "2"]);
+    assert_eq!(r.code, Some(64), "{r:#?}");
+    assert!(
+        r.stderr.contains("--nodes needs --store postgres"),
+        "{r:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_paused_past_its_lease_hands_input_to_the_new_host_when_it_wakes() {
+    let Some(db) =
+        TestDb::create("a_node_paused_past_its_lease_hands_input_to_the_new_host_when_it_wakes")
+            .await
+    else {
+        return;
+    };
+    let ttl_ms = 1_000;
+    let (dir_a, dir_b) = (Sandbox::new(), Sandbox::new());
+    let url = db.url.as_str();
+    let a = start_node(dir_a.path(), FAST_SIM, url, "node-a", ttl_ms);
+    let b = start_node(dir_b.path(), FAST_SIM, url, "node-b", ttl_ms);
+    a.create_with_followup("p1", "hello from a").await;
+    let mut on_a = a.events("/v1/sessions/p1/events", None).await;
+    on_a.until("turn/end").await;
+    drop(on_a);
+    // Nothing in flight on A: its last write committed.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A's agent is idle and live (it hibernates only after 30 s). A stops past its lease; input
+    // on B waits until the lease lapses, then B takes the session over.
+    signal(&a, Signal::STOP);
+    let (status, on_b) = b
+        .call(
+            "POST",
+            "/v1/sessions/p1/followup",
+            Some(json!({ "id": "to-b", "text": "while a sleeps" })),
+        )
+        .await;
+    assert_eq!(status, 202, "{on_b}");
+    signal(&a, Signal::CONT);
+    // A's renewal finds the lease taken (within a third of a lease) and fences the session.
+    tokio::time::sleep(Duration::from_millis(ttl_ms)).await;
+    // Input on A now: its live agent is stopped, and the input goes to B through the inbox.
+    let (status, on_a) = a
+        .call(
+            "POST",
+            "/v1/sessions/p1/followup",
+            Some(json!({ "id": "to-a", "text": "a is awake" })),
+        )
+        .await;
+    assert_eq!(status, 202, "{on_a}");
+    assert!(on_a["seq"].as_u64() > on_b["seq"].as_u64(), "{on_a} {on_b}");
+    let log = log_of(&b, "p1").await;
+    assert_contiguous(&log);
+    let splices = spliced(&log);
+    let ours: Vec<(String, u64)> = splices
+        .iter()
+        .filter(|(id, _)| id.starts_with("to-"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        ours,
+        vec![
+            ("to-b".to_string(), on_b["seq"].as_u64().expect("a seq")),
+            ("to-a".to_string(), on_a["seq"].as_u64().expect("a seq")),
+        ],
+        "{:?}",
+        types(&log)
+    );
+    let row = db
+        .client()
+        .await
+        .query_one(
+            "SELECT node_id, epoch FROM dsh_leases WHERE session_id = 'p1'",
+            &[],
+        )
+        .await
+        .expect("the lease row");
+    assert_eq!(row.get::<_, Option<String>>(0).as_deref(), Some("node-b"));
+    assert_eq!(row.get::<_, i64>(1), 2);
 }

@@ -19,98 +19,12 @@ use dsh::session::store::postgres::{PostgresConfig, PostgresStore};
 use dsh::session::store::{SessionStore, StoreError};
 use dsh::turn::AgentConfig;
 use dsh_actors::{AgentSpec, Host};
-use tokio_postgres::NoTls;
 
 use super::store_support::{TurnWriter, encode, sid, to_json};
 use super::{header, open_turn_events, typed_errors_change_nothing, write_turns};
 
-/// A database of this test's own, dropped (with its connections) when this goes out of scope.
-pub struct TestDb {
-    admin_url: String,
-    name: String,
-    /// The URL of the test's database.
-    pub url: String,
-}
-
-impl TestDb {
-    /// A fresh database, or `None` (after one line on stderr) when no server is reachable outside
-    /// CI. Panics under `CI=true` when none is.
-    pub async fn create(test: &str) -> Option<TestDb> {
-        let admin_url = std::env::var("DSH_TEST_POSTGRES")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string());
-        let connected = tokio::time::timeout(
-            Duration::from_secs(5),
-            tokio_postgres::connect(&admin_url, NoTls),
-        )
-        .await;
-        let (client, connection) = match connected {
-            Ok(Ok(pair)) => pair,
-            failed => {
-                let why = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "timed out".to_string(),
-                };
-                assert!(
-                    std::env::var("CI").as_deref() != Ok("true"),
-                    "{test}: PostgreSQL is not reachable at {admin_url} ({why}) and CI=true"
-                );
-                eprintln!(
-                    "{test}: skipped: PostgreSQL not reachable at {admin_url} ({why}); run a server on 127.0.0.1:5432 (trust auth) or set DSH_TEST_POSTGRES"
-                );
-                return None;
-            }
-        };
-        tokio::spawn(connection);
-        let name = format!("dsh_test_{}", uuid::Uuid::new_v4().simple());
-        client
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .expect("create the test database");
-        let url = match admin_url.rsplit_once('/') {
-            Some((base, _)) => format!("{base}/{name}"),
-            None => panic!("DSH_TEST_POSTGRES must be a postgres://…/DB URL"),
-        };
-        Some(TestDb {
-            admin_url,
-            name,
-            url,
-        })
-    }
-
-    /// A plain client on the test database, for looking at rows and breaking things.
-    pub async fn client(&self) -> tokio_postgres::Client {
-        let (client, connection) = tokio_postgres::connect(&self.url, NoTls)
-            .await
-            .expect("connect to the test database");
-        tokio::spawn(connection);
-        client
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        let admin_url = self.admin_url.clone();
-        let name = self.name.clone();
-        // Its own thread and runtime: this may run inside a runtime, or while a test panics.
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            rt.block_on(async move {
-                let (client, connection) = tokio_postgres::connect(&admin_url, NoTls).await?;
-                tokio::spawn(connection);
-                client
-                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                    .await
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("could not drop the test database {}", self.name);
-        }
-    }
-}
+mod db;
+pub use self::db::TestDb;
 
 fn node(name: &str) -> PostgresConfig {
     PostgresConfig {
@@ -547,4 +461,185 @@ async fn postgres_two_hosts_a_fenced_agent_stops_and_its_input_fails() {
     host_b.shutdown().await;
     store_a.close().await.unwrap();
     store_b.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_release_carries_its_epoch_so_a_quick_wake_keeps_its_lease() {
+    let Some(db) = TestDb::create("postgres_release_epoch").await else {
+        return;
+    };
+    let a = open(&db, node("wake-node")).await;
+    let id = sid("wake");
+    a.create(&header(&id)).await.unwrap();
+    let mut writer = TurnWriter::new(id.clone(), 30);
+    write_turns(&a, &mut writer, 1).await;
+    // The hibernation reads the epoch; before its spawned release runs, a wake takes the lease
+    // again (epoch 2). The late release of epoch 1 leaves epoch 2 held.
+    let hibernated_at = a.lease_epoch(&id).expect("held");
+    assert_eq!(hibernated_at, 1);
+    a.load(&id).await.unwrap();
+    assert_eq!(a.held_epoch(&id), Some(2));
+    a.release_epoch(&id, hibernated_at).await.unwrap();
+    assert_eq!(a.held_epoch(&id), Some(2));
+    let client = db.client().await;
+    let row = client
+        .query_one(
+            "SELECT node_id, epoch FROM dsh_leases WHERE session_id = 'wake'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        row.get::<_, Option<String>>(0).as_deref(),
+        Some("wake-node")
+    );
+    assert_eq!(row.get::<_, i64>(1), 2);
+    assert!(a.is_current(&id).await.unwrap());
+    // The release of the epoch held gives it up; nobody took it since, so what a dormant agent
+    // holds is still current — until another node takes the session.
+    a.release_epoch(&id, 2).await.unwrap();
+    assert_eq!(a.held_epoch(&id), None);
+    assert!(a.is_current(&id).await.unwrap());
+    let b = open(&db, node("other-node")).await;
+    b.load(&id).await.unwrap();
+    assert!(!a.is_current(&id).await.unwrap());
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_the_inbox_keeps_order_answers_a_repeated_id_and_finds_unhosted_sessions() {
+    use dsh::session::store::postgres::{InboxKind, InboxOutcome};
+    let Some(db) = TestDb::create("postgres_inbox").await else {
+        return;
+    };
+    let ttl = Duration::from_millis(500);
+    let host = open(
+        &db,
+        PostgresConfig {
+            lease_ttl: ttl,
+            renew_leases: false,
+            ..node("host-node")
+        },
+    )
+    .await;
+    let other = open(
+        &db,
+        PostgresConfig {
+            lease_ttl: ttl,
+            ..node("other-node")
+        },
+    )
+    .await;
+    let id = sid("boxed");
+    host.create(&header(&id)).await.unwrap();
+    let mut notes = host.inbox_listen();
+    // Let the listener's LISTEN run before the first notification.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Concurrent puts from the other node: numbered 1..=8 in commit order, each id once.
+    let mut puts = Vec::new();
+    for i in 0..8 {
+        let other = &other;
+        let id = &id;
+        puts.push(async move {
+            other
+                .inbox_put(
+                    id,
+                    &format!("m{i}"),
+                    InboxKind::Followup,
+                    &format!("{{\"i\":{i}}}"),
+                )
+                .await
+                .unwrap()
+        });
+    }
+    let puts = futures::future::join_all(puts).await;
+    let mut ns: Vec<u64> = puts.iter().map(|p| p.n).collect();
+    ns.sort_unstable();
+    assert_eq!(ns, (1..=8).collect::<Vec<_>>());
+    assert!(
+        puts.iter()
+            .all(|p| p.fresh && p.outcome == InboxOutcome::Pending)
+    );
+    let heard = tokio::time::timeout(Duration::from_secs(5), notes.recv())
+        .await
+        .expect("a notification")
+        .expect("the listener runs");
+    assert_eq!(heard, id);
+
+    // A repeated id inserts nothing and is answered from its row.
+    let again = other
+        .inbox_put(&id, "m3", InboxKind::Steer, "{}")
+        .await
+        .unwrap();
+    assert!(!again.fresh);
+    assert_eq!(again.n, puts[3].n);
+    let pending = host.inbox_pending(&id).await.unwrap();
+    assert_eq!(pending.len(), 8);
+    assert_eq!(
+        pending.iter().map(|p| p.n).collect::<Vec<_>>(),
+        (1..=8).collect::<Vec<_>>()
+    );
+    assert!(pending.iter().all(|p| p.kind == InboxKind::Followup));
+
+    // Settled once: the first mark stands.
+    let first = &pending[0];
+    host.inbox_settle(&id, first.n, &InboxOutcome::Applied { seq: Some(7) })
+        .await
+        .unwrap();
+    other
+        .inbox_settle(&id, first.n, &InboxOutcome::Applied { seq: Some(99) })
+        .await
+        .unwrap();
+    assert_eq!(
+        other.inbox_outcome(&id, first.n).await.unwrap(),
+        InboxOutcome::Applied { seq: Some(7) }
+    );
+    let again = other
+        .inbox_put(&id, &first.input_id, InboxKind::Followup, "{}")
+        .await
+        .unwrap();
+    assert_eq!(again.outcome, InboxOutcome::Applied { seq: Some(7) });
+    host.inbox_settle(&id, 2, &InboxOutcome::Refused("400 bad_request: no".into()))
+        .await
+        .unwrap();
+    assert_eq!(host.inbox_pending(&id).await.unwrap().len(), 6);
+
+    // While the host's lease lives the other node does not see the session as its to host; the
+    // host does. Once the lease expires (the host stopped renewing), the other node does.
+    assert!(other.inbox_unhosted(16).await.unwrap().is_empty());
+    assert_eq!(host.inbox_unhosted(16).await.unwrap(), vec![id.clone()]);
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    assert_eq!(other.inbox_unhosted(16).await.unwrap(), vec![id.clone()]);
+    // Settled rows go with a gc, pending ones stay; deleting the session deletes the rest.
+    assert_eq!(other.inbox_gc(Duration::ZERO).await.unwrap(), 2);
+    assert_eq!(host.inbox_pending(&id).await.unwrap().len(), 6);
+    let fresh = other
+        .inbox_put(&id, &first.input_id, InboxKind::Followup, "{}")
+        .await
+        .unwrap();
+    assert!(
+        fresh.fresh,
+        "its row was deleted: the id is taken again (the log dedups it)"
+    );
+    assert_eq!(fresh.n, 9);
+    other.load(&id).await.unwrap();
+    assert!(other.delete(&id).await.unwrap());
+    let left = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM dsh_inbox", &[])
+        .await
+        .unwrap();
+    assert_eq!(left.get::<_, i64>(0), 0);
+    // A put for a session that does not exist is NotFound, and writes nothing.
+    assert!(matches!(
+        other
+            .inbox_put(&sid("nowhere"), "x", InboxKind::Cancel, "{}")
+            .await,
+        Err(StoreError::NotFound { .. })
+    ));
+    host.close().await.unwrap();
+    other.close().await.unwrap();
 }

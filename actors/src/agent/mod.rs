@@ -908,14 +908,17 @@ impl AgentActor {
         // Every write is acknowledged: a store with leases gives the session's lease up (SPEC
         // §14); a wake that appends again takes it back first. Spawned only once the core is with
         // the slot, so it never widens the window between `passivated` and `passivate` that a
-        // restart reads.
+        // restart reads. The epoch is read now: the spawned release must not give up a lease that
+        // a quick wake took again meanwhile (a higher epoch).
         let store = Arc::clone(&self.runtime.store);
         let id = state.id().clone();
-        tokio::spawn(async move {
-            if let Err(e) = store.release(&id).await {
-                warn!(agent = %id, error = %e, "releasing the session's lease failed");
-            }
-        });
+        if let Some(epoch) = store.lease_epoch(&id) {
+            tokio::spawn(async move {
+                if let Err(e) = store.release_epoch(&id, epoch).await {
+                    warn!(agent = %id, error = %e, "releasing the session's lease failed");
+                }
+            });
+        }
         state.myself.stop(Some("hibernated".into()));
         true
     }

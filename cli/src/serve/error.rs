@@ -5,7 +5,9 @@
 //! the same failure the same way: bad input 400 (the message names the field), unknown session 404,
 //! an existing id 409, a body or message over its bound 413, a full inbox 429 with `Retry-After`,
 //! and 503 when the store is poisoned or the server drains, or — `hosted_elsewhere`, with
-//! `Retry-After` the lease's time left — when another node holds the session's lease (SPEC §14).
+//! `Retry-After` the lease's time left — when another node holds the session's lease (SPEC §14) and
+//! the request is one a node cannot hand over (removing or replacing a pending message, `compact`;
+//! followups, steers, injects and cancels go through the database's inbox, `cluster.rs`).
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -99,7 +101,9 @@ impl ApiError {
     }
 
     /// 503 `hosted_elsewhere`: another node holds the session's lease (SPEC §14), so this node
-    /// cannot take input for it now; `Retry-After` is the lease's time left, at least 1 s.
+    /// cannot do this for it now; `Retry-After` is the lease's time left, at least 1 s. Also what
+    /// `AppState::agent` returns for such a session, which the input handlers turn into an inbox
+    /// row instead (`cluster.rs`).
     pub fn hosted_elsewhere(
         id: &dsh::ids::SessionId,
         reason: &str,

@@ -6,6 +6,10 @@
 //! event). The log is the record, so this holds across server restarts; `AppliedIds` keeps an index
 //! of it so that a repeated id costs a map look-up, not a read of the log. The per-session input
 //! lock makes the check and the send one step.
+//!
+//! Several nodes (SPEC §14): a followup, steer, inject or cancel for a session whose lease another
+//! node holds goes to the database's inbox and is applied by that node (`cluster.rs`); the answer
+//! is the same.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -85,6 +89,11 @@ pub struct InputAck {
     pub message_id: String,
     /// Seq of the durable `agent/inbox/spliced` event that queued it.
     pub seq: u64,
+    /// Only for input to a session another node hosts (SPEC §14): `true` when the input is
+    /// durable in the database's inbox but its host has not applied it yet within the wait, so
+    /// `seq` (0) is not known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<bool>,
 }
 
 /// `POST /v1/sessions/{id}/cancel` body.
@@ -140,7 +149,7 @@ impl InputBody {
 }
 
 /// `POST /v1/sessions/{id}/followup`.
-#[utoipa::path(post, path = "/v1/sessions/{id}/followup", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned, server draining, or the session hosted by another node (`hosted_elsewhere`; see Retry-After)", body = crate::serve::error::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sessions/{id}/followup", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining (input for a session another node hosts is made durable in the database and answered as here, SPEC §14)", body = crate::serve::error::ErrorBody)))]
 pub async fn followup(
     state: State<AppState>,
     path: Path<String>,
@@ -150,7 +159,7 @@ pub async fn followup(
 }
 
 /// `POST /v1/sessions/{id}/steer`.
-#[utoipa::path(post, path = "/v1/sessions/{id}/steer", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned, server draining, or the session hosted by another node (`hosted_elsewhere`; see Retry-After)", body = crate::serve::error::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sessions/{id}/steer", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining (input for a session another node hosts is made durable in the database and answered as here, SPEC §14)", body = crate::serve::error::ErrorBody)))]
 pub async fn steer(
     state: State<AppState>,
     path: Path<String>,
@@ -160,7 +169,7 @@ pub async fn steer(
 }
 
 /// `POST /v1/sessions/{id}/inject`.
-#[utoipa::path(post, path = "/v1/sessions/{id}/inject", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned, server draining, or the session hosted by another node (`hosted_elsewhere`; see Retry-After)", body = crate::serve::error::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sessions/{id}/inject", params(("id" = String, Path, description = "The session id")), request_body = InputBody, responses((status = 202, description = "Durable", body = InputAck), (status = 200, description = "This message id was applied before: the first answer", body = InputAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 413, description = "Body or message too large", body = crate::serve::error::ErrorBody), (status = 429, description = "Inbox full; see Retry-After", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining (input for a session another node hosts is made durable in the database and answered as here, SPEC §14)", body = crate::serve::error::ErrorBody)))]
 pub async fn inject(
     state: State<AppState>,
     path: Path<String>,
@@ -181,7 +190,18 @@ async fn send(
     // Only an id the client chose can repeat; a minted one needs no look-up.
     let client_id = body.id.is_some() || body.message.is_some();
     let message = body.into_message()?;
-    let handle = state.agent(&id).await?;
+    let handle = match state.agent(&id).await {
+        Ok(handle) => handle,
+        // Another node hosts it (SPEC §14): durable in the database's inbox, applied there.
+        Err(e) if e.code == "hosted_elsewhere" && state.cluster().is_some() => {
+            let sid = super::state::parse_session_id(&id)?;
+            if let Some(pg) = state.cluster() {
+                return super::cluster::send_remote(&state, pg, &sid, kind, message).await;
+            }
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
     let _guard = state.lock_input(handle.id()).await;
     let message_id = message.id.clone();
     let applied = &state.inner.applied;
@@ -205,7 +225,7 @@ async fn send(
 }
 
 /// Sends `message` as `kind`; returns the seq of the durable splice that queued it.
-async fn send_input(
+pub(crate) async fn send_input(
     handle: &AgentHandle,
     kind: InputKind,
     message: Message,
@@ -223,17 +243,32 @@ fn ack(id: &MessageId, seq: u64) -> InputAck {
     InputAck {
         message_id: id.to_string(),
         seq,
+        pending: None,
     }
 }
 
 /// `POST /v1/sessions/{id}/cancel`: 202 once the cancel is recorded.
-#[utoipa::path(post, path = "/v1/sessions/{id}/cancel", params(("id" = String, Path, description = "The session id")), request_body = CancelBody, responses((status = 202, description = "Recorded", body = CancelAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned, server draining, or the session hosted by another node (`hosted_elsewhere`; see Retry-After)", body = crate::serve::error::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sessions/{id}/cancel", params(("id" = String, Path, description = "The session id")), request_body = CancelBody, responses((status = 202, description = "Recorded", body = CancelAck), (status = 400, description = "Bad body or parameter; the message names the field", body = crate::serve::error::ErrorBody), (status = 401, description = "Missing or wrong bearer token", body = crate::serve::error::ErrorBody), (status = 404, description = "No such session", body = crate::serve::error::ErrorBody), (status = 503, description = "Store poisoned or server draining (input for a session another node hosts is made durable in the database and answered as here, SPEC §14)", body = crate::serve::error::ErrorBody)))]
 pub async fn cancel(
     State(state): State<AppState>,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<CancelBody>,
 ) -> Result<(StatusCode, Json<CancelAck>), ApiError> {
-    let handle = state.agent(&id).await?;
+    let handle = match state.agent(&id).await {
+        Ok(handle) => handle,
+        // Another node hosts it (SPEC §14): recorded once durable in the database's inbox.
+        Err(e) if e.code == "hosted_elsewhere" && state.cluster().is_some() => {
+            let sid = super::state::parse_session_id(&id)?;
+            if let Some(pg) = state.cluster() {
+                super::cluster::cancel_remote(&state, pg, &sid, body.keep_inbox.unwrap_or(false))
+                    .await?;
+                tracing::debug!(session = %sid, "cancel queued for the host");
+                return Ok((StatusCode::ACCEPTED, Json(CancelAck { cancelled: true })));
+            }
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
     handle
         .cancel(CancelCause::User, body.keep_inbox.unwrap_or(false))
         .await

@@ -111,4 +111,16 @@ impl SessionStore for MeteredStore {
     async fn header(&self, id: &SessionId) -> Result<Option<SessionHeader>, StoreError> {
         self.inner.header(id).await
     }
+
+    async fn release(&self, id: &SessionId) -> Result<(), StoreError> {
+        self.inner.release(id).await
+    }
+
+    fn lease_epoch(&self, id: &SessionId) -> Option<u64> {
+        self.inner.lease_epoch(id)
+    }
+
+    async fn release_epoch(&self, id: &SessionId, epoch: u64) -> Result<(), StoreError> {
+        self.inner.release_epoch(id, epoch).await
+    }
 }

@@ -2,7 +2,8 @@
 //!
 //! Start-up checks everything a user can get wrong before anything is written: the listen address,
 //! the token (a non-loopback address without one is refused), the store URL (`sqlite:DIR` or the
-//! data directory; `postgres://` is refused until SPEC §14 is built) and the provider. Then it
+//! data directory, or `postgres://…` for one of several nodes on one database, SPEC §14:
+//! `cluster.rs`) and the provider. Then it
 //! opens the store, starts the host, binds, and prints `dsh serve: listening on http://ADDR` on
 //! stderr.
 //!
@@ -13,6 +14,7 @@
 pub mod applied;
 pub mod auth;
 pub mod body;
+pub mod cluster;
 pub mod error;
 pub mod events;
 pub mod input;
@@ -58,7 +60,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_LISTEN)]
     pub listen: String,
     /// Store: `sqlite:DIR` (default: the data directory) or `postgres://…` (several nodes on one
-    /// database, SPEC §14).
+    /// database, SPEC §14; `DSH_NODE_ID` names this node, `DSH_LEASE_TTL_MS` sets the lease period,
+    /// default 10,000).
     #[arg(long, env = "DSH_STORE", value_name = "URL")]
     pub store: Option<String>,
     /// File whose first line is the bearer token every /v1 request must carry (else `DSH_TOKEN`).
@@ -156,7 +159,13 @@ pub async fn run(args: ServeArgs, config: Config) -> Result<ExitCode, CliError> 
         max_streams: args.max_streams,
     };
     let state = AppState::new(host, store.clone(), defaults, token, settings, metrics);
+    // Several nodes on one database: apply input other nodes took for sessions hosted here, and
+    // take over sessions with pending input whose host is gone (SPEC §14).
+    let inbox = cluster::start(&state);
     let served = serve(state, addr).await;
+    if let Some(inbox) = inbox {
+        inbox.abort();
+    }
     mcp.shutdown().await;
     let closed = store
         .close()

@@ -17,6 +17,7 @@ use dashmap::DashMap;
 use dsh::SessionId;
 use dsh::session::log::fold_request_header;
 use dsh::session::store::Inspection;
+use dsh::session::store::postgres::PostgresStore;
 use dsh::turn::AgentConfig;
 use dsh_actors::{AgentHandle, AgentSpec, Host, HostError};
 
@@ -156,6 +157,14 @@ impl AppState {
         &self.inner.store
     }
 
+    /// The PostgreSQL store when this node is one of several on one database (SPEC §14).
+    pub fn cluster(&self) -> Option<&Arc<PostgresStore>> {
+        match &self.inner.store {
+            Opened::Postgres(pg) => Some(pg),
+            Opened::Sqlite(_) => None,
+        }
+    }
+
     /// Whether a drain began.
     pub fn is_draining(&self) -> bool {
         self.inner.draining.load(Ordering::Acquire)
@@ -201,8 +210,43 @@ impl AppState {
     pub async fn agent(&self, id: &str) -> Result<AgentHandle, ApiError> {
         let id = parse_session_id(id)?;
         if let Some(handle) = self.host().get(&id) {
-            return Ok(handle);
+            let Some(pg) = self.cluster() else {
+                return Ok(handle);
+            };
+            // Several nodes (SPEC §14): an agent kept here (hibernated, or failed when its lease
+            // was taken over) is stale once another node wrote the session; it is forgotten and
+            // read back from the store (which, while that node's lease lives, is hosted_elsewhere).
+            let current = pg
+                .is_current(&id)
+                .await
+                .map_err(|e| ApiError::from_store(&e))?;
+            if current {
+                return Ok(handle);
+            }
+            if !self.host().evict(&id) {
+                // Live here, but another node took the session over (this one was paused past
+                // its lease): it can never write again. Stop it — its writes fail at once — and
+                // read the session back, instead of refusing this request.
+                if !pg.is_fenced(&id) {
+                    return Ok(handle);
+                }
+                let stop = self
+                    .host()
+                    .config()
+                    .stop_timeout
+                    .min(Duration::from_secs(2));
+                if tokio::time::timeout(stop, self.host().dispose(&id))
+                    .await
+                    .is_err()
+                {
+                    return Ok(handle);
+                }
+            }
+            tracing::debug!(session = %id, "a stale agent of another node's session forgotten");
         }
+        // Read back from the log: the index of applied ids is rebuilt from it too (another node
+        // may have applied ids since this one last indexed the session).
+        self.inner.applied.forget(&id);
         let stored = self
             .store()
             .inspect(&id)

@@ -36,6 +36,7 @@ pub(super) fn ceiling_event(seq: u64, event_bytes: usize) -> EncodedEvent {
 /// did `CEILING_ROUNDS_MAX` rounds). Events are encoded before the clock starts.
 pub(super) async fn store_ceiling(
     store: &Arc<dyn SessionStore>,
+    prefix: &str,
     n_appenders: usize,
     batch_events: usize,
     event_bytes: usize,
@@ -61,7 +62,7 @@ pub(super) async fn store_ceiling(
             .collect(),
     );
     let ids: Vec<SessionId> = (0..n_appenders)
-        .map(|i| SessionId::new(&format!("ceiling-{i:07}")))
+        .map(|i| SessionId::new(&format!("{prefix}{i:07}")))
         .collect::<Result<_, _>>()
         .map_err(|e| SimError::Task(format!("ceiling id: {e}")))?;
     let setups = ids.iter().map(|id| {

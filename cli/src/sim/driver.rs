@@ -299,6 +299,7 @@ pub(super) async fn run_agents(
         Some(
             store_ceiling(
                 &store.shared(),
+                &plan.ceiling_prefix(),
                 plan.agents,
                 batch_events,
                 event_bytes,
@@ -337,8 +338,9 @@ async fn create_agents(
     let mut config = AgentConfig::new("sim", "sim-1");
     config.system = Some("You are a simulated agent under load.".to_string());
     config.compaction.context_window = plan.context_window;
+    let prefix = plan.agent_prefix();
     for agent_idx in 0..plan.agents {
-        let id = SessionId::new(&format!("sim-{agent_idx:07}"))
+        let id = SessionId::new(&format!("{prefix}{agent_idx:07}"))
             .map_err(|e| SimError::Task(format!("agent id: {e}")))?;
         agents.push(
             host.create(AgentSpec::new(config.clone()).with_id(id))

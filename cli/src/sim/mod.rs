@@ -34,6 +34,9 @@
 //! - `cancel_to_idle_ms`: from the `cancel` call until `when_idle` resolves (stream closed, tools
 //!   drained, `turn/end` durable).
 //!
+//! `--nodes N` (PostgreSQL only, `nodes.rs`) runs the workload on 1, 2, …, N processes at once on
+//! one database, each a `dsh sim` of its own, and reports turns/s for each count (SPEC §14).
+//!
 //! The live progress line goes to stderr, and only when stderr is a terminal, so `--json` output on
 //! stdout is exactly one JSON object.
 
@@ -71,6 +74,7 @@ use dsh_actors::{
 mod ceiling;
 mod driver;
 mod memory;
+mod nodes;
 mod plan;
 mod progress;
 mod report;
@@ -223,6 +227,9 @@ pub async fn run(
     out: &mut (dyn Write + Send),
 ) -> Result<ExitCode, CliError> {
     let plan = SimPlan::from_args(args)?;
+    if args.nodes > 1 {
+        return nodes::run(args, &plan, out).await;
+    }
     let progress = Progress::start(std::io::stderr().is_terminal());
     let report = simulate(&plan, &config.data_dir, &progress).await;
     progress.finish().await;
@@ -304,9 +311,10 @@ impl Drop for RunDir {
     }
 }
 
-/// Whether `id` names a session a run creates (`sim-*` agents, `ceiling-*` appenders).
-fn is_sim_session(id: &SessionId) -> bool {
-    id.as_str().starts_with("sim-") || id.as_str().starts_with("ceiling-")
+/// Whether `id` names a session this run creates (`sim-*` agents, `ceiling-*` appenders; with a
+/// node tag, only this process's `sim-TAG-*` and `ceiling-TAG-*`).
+fn is_sim_session(plan: &SimPlan, id: &SessionId) -> bool {
+    id.as_str().starts_with(&plan.agent_prefix()) || id.as_str().starts_with(&plan.ceiling_prefix())
 }
 
 fn per_sec(n: u64, elapsed: Duration) -> f64 {
@@ -339,7 +347,7 @@ async fn simulate(
                 .list()
                 .await?
                 .iter()
-                .find(|s| is_sim_session(&s.header.id))
+                .find(|s| is_sim_session(&plan, &s.header.id))
             {
                 let id = old.header.id.clone();
                 store.close().await?;
@@ -366,7 +374,7 @@ async fn simulate(
             // Like the sqlite run directory: the run's sessions go unless kept.
             if !plan.keep_store {
                 for summary in s.list().await? {
-                    if is_sim_session(&summary.header.id) {
+                    if is_sim_session(&plan, &summary.header.id) {
                         s.delete(&summary.header.id).await?;
                     }
                 }

@@ -69,6 +69,9 @@ pub struct SimPlan {
     pub ramp_ms: u64,
     /// Every agent's context window (`--context-window`): its history compacts past 80 % of it.
     pub context_window: Option<u64>,
+    /// This process's part of a `--nodes` run: its sessions are `sim-TAG-…` and `ceiling-TAG-…`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_tag: Option<String>,
 }
 
 impl SimPlan {
@@ -140,7 +143,35 @@ impl SimPlan {
             observe_agents: args.observe_agents.min(args.agents),
             ramp_ms: args.ramp_ms,
             context_window: args.context_window,
+            node_tag: match &args.node_tag {
+                Some(tag)
+                    if tag.is_empty()
+                        || tag.len() > 16
+                        || !tag.chars().all(|c| c.is_ascii_alphanumeric()) =>
+                {
+                    return Err(SimError::Task(format!(
+                        "--node-tag {tag:?}: 1-16 ASCII letters and digits"
+                    )));
+                }
+                tag => tag.clone(),
+            },
         })
+    }
+
+    /// The prefix of this run's agent sessions: `sim-` or `sim-TAG-`.
+    pub(super) fn agent_prefix(&self) -> String {
+        match &self.node_tag {
+            Some(tag) => format!("sim-{tag}-"),
+            None => "sim-".to_string(),
+        }
+    }
+
+    /// The prefix of this run's ceiling sessions: `ceiling-` or `ceiling-TAG-`.
+    pub(super) fn ceiling_prefix(&self) -> String {
+        match &self.node_tag {
+            Some(tag) => format!("ceiling-{tag}-"),
+            None => "ceiling-".to_string(),
+        }
     }
 
     pub(super) fn model(&self) -> SimConfig {

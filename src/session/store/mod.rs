@@ -236,4 +236,22 @@ pub trait SessionStore: Send + Sync + 'static {
         let _ = id;
         Ok(())
     }
+
+    /// The lease epoch this process holds for `id`: `Some` only in a store with leases
+    /// (PostgreSQL) while it holds the session's lease. A caller that releases later (a spawned
+    /// release at hibernation) reads it first and passes it to `release_epoch`.
+    fn lease_epoch(&self, id: &SessionId) -> Option<u64> {
+        let _ = id;
+        None
+    }
+
+    /// Like `release`, but only while the lease is still held at `epoch`: a lease taken again
+    /// since (a quick wake raised the epoch) is kept.
+    ///
+    /// # Errors
+    /// As `release`.
+    async fn release_epoch(&self, id: &SessionId, epoch: u64) -> Result<(), StoreError> {
+        let _ = (id, epoch);
+        Ok(())
+    }
 }

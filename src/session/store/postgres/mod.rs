@@ -28,11 +28,18 @@
 //! Failures poison only what they must: a group whose commit failed poisons the sessions in it (its
 //! outcome is unknown; a `load` re-reads the truth and clears it), never the whole store.
 //!
+//! A paused node cannot stall a takeover: every connection sets
+//! `idle_in_transaction_session_timeout` to half a lease, so a transaction left open by a node that
+//! stopped running is ended by the server (its locks on the lease row go with it).
+//!
 //! The read path: `load` and `inspect` scan rows with `scan::Scanner` in `Damage::Corrupt` mode (a
 //! committed PostgreSQL transaction cannot tear), like the SQLite store.
 
+mod inbox;
 mod schema;
 mod writer;
+
+pub use self::inbox::{INBOX_CHANNEL, InboxInput, InboxKind, InboxOutcome, InboxPut};
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -131,6 +138,9 @@ struct Shared {
     config: PostgresConfig,
     pool: Pool,
     held: Mutex<HashMap<SessionId, Held>>,
+    /// Sessions this node released (hibernated), by the epoch it released: while the lease row
+    /// still shows that epoch, nobody wrote the session since, and a dormant agent is current.
+    released: Mutex<HashMap<SessionId, i64>>,
     /// Serializes lease takes, so two callers never race one session's epoch up twice.
     taking: tokio::sync::Mutex<()>,
     closed: AtomicBool,
@@ -167,6 +177,10 @@ async fn connect(config: &tokio_postgres::Config, role: &str) -> Result<Client, 
 impl Shared {
     fn held(&self) -> MutexGuard<'_, HashMap<SessionId, Held>> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn released(&self) -> MutexGuard<'_, HashMap<SessionId, i64>> {
+        self.released.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn set_state(&self, id: &SessionId, state: HeldState) {
@@ -266,6 +280,13 @@ impl PostgresStore {
         if pg_config.get_application_name().is_none() {
             pg_config.application_name(format!("dsh {}", config.node_id));
         }
+        // A node paused inside a transaction (SIGSTOP, a long GC-like stall) must not hold the row
+        // locks a takeover needs: the server ends such a transaction after half a lease, so the
+        // paused node's commit fails (its group is poisoned) and the other node takes over.
+        if pg_config.get_options().is_none() {
+            let idle_ms = (config.lease_ttl / 2).as_millis().max(250);
+            pg_config.options(format!("-c idle_in_transaction_session_timeout={idle_ms}"));
+        }
         if config.queue_requests_max == 0 || config.readers_max == 0 {
             return Err(io_error(
                 "open",
@@ -282,6 +303,7 @@ impl PostgresStore {
             config,
             pool,
             held: Mutex::new(HashMap::new()),
+            released: Mutex::new(HashMap::new()),
             taking: tokio::sync::Mutex::new(()),
             closed: AtomicBool::new(false),
             counters: Counters::default(),
@@ -318,6 +340,11 @@ impl PostgresStore {
         &self.shared.config.node_id
     }
 
+    /// How long a lease lasts without renewal.
+    pub fn lease_ttl(&self) -> Duration {
+        self.shared.config.lease_ttl
+    }
+
     /// The schema version this program writes.
     pub fn schema_version() -> i32 {
         schema::current_version()
@@ -344,6 +371,75 @@ impl PostgresStore {
             .held()
             .get(id)
             .and_then(|h| u64::try_from(h.epoch).ok())
+    }
+
+    /// Whether what this node knows of session `id` is current: it holds the lease and may write,
+    /// or it released the lease itself and no node took it since (the lease row still shows the
+    /// epoch it released). False after a takeover, a fence or a failed commit: an agent this node
+    /// keeps for the session (dormant or failed) is stale and must be read back from the store.
+    ///
+    /// # Errors
+    /// `Io` when the lease row cannot be read; `Closed`.
+    pub async fn is_current(&self, id: &SessionId) -> Result<bool, StoreError> {
+        self.shared.readable()?;
+        if let Some(h) = self.shared.held().get(id) {
+            return Ok(h.state == HeldState::Writable);
+        }
+        let Some(released) = self.shared.released().get(id).copied() else {
+            return Ok(false);
+        };
+        let holder = self
+            .shared
+            .lease_holder(id)
+            .await
+            .map_err(|e| io_error("lease", e))?;
+        Ok(match holder {
+            Some((node, epoch)) => {
+                epoch == released && node.is_none_or(|n| n == self.shared.config.node_id)
+            }
+            None => false,
+        })
+    }
+
+    /// Whether this node knows it lost `id`'s lease to another node (a takeover after its lease
+    /// lapsed): every write of the session here fails `Fenced` until a `load` takes it back.
+    pub fn is_fenced(&self, id: &SessionId) -> bool {
+        self.shared
+            .held()
+            .get(id)
+            .is_some_and(|h| matches!(h.state, HeldState::Fenced(_)))
+    }
+
+    /// Gives up `id`'s lease if this node holds it, at `epoch` when one is given.
+    async fn release_held(&self, id: &SessionId, epoch: Option<i64>) -> Result<(), StoreError> {
+        self.shared.readable()?;
+        // Through the writer, after every write queued before it; a write queued after it finds
+        // no lease held and takes it again (a higher epoch), which makes this release a no-op.
+        let permit = self.tx.reserve().await.map_err(|_| StoreError::Closed)?;
+        let (reply, answer) = oneshot::channel();
+        {
+            let mut held = self.shared.held();
+            let Some(h) = held.get(id) else {
+                return Ok(());
+            };
+            if epoch.is_some_and(|e| e != h.epoch) {
+                // A later take (a quick wake) holds the lease now: it is not this release's.
+                debug!(session = %id, held = h.epoch, asked = ?epoch, "release of an older epoch skipped");
+                return Ok(());
+            }
+            let epoch = h.epoch;
+            held.remove(id);
+            self.shared.released().insert(id.clone(), epoch);
+            permit.send(Request {
+                op: Op::Release {
+                    id: id.clone(),
+                    epoch,
+                },
+                reply,
+            });
+            debug!(session = %id, epoch, "lease released");
+        }
+        Self::answer(answer).await
     }
 
     /// Commits everything queued, stops the writer and the renewal, releases every lease this node
@@ -477,6 +573,7 @@ impl PostgresStore {
                 state: HeldState::Writable,
             },
         );
+        self.shared.released().remove(id);
         debug!(session = %id, epoch, "lease taken");
         Ok((header, epoch))
     }
@@ -895,24 +992,14 @@ impl SessionStore for PostgresStore {
     }
 
     async fn release(&self, id: &SessionId) -> Result<(), StoreError> {
-        self.shared.readable()?;
-        // Through the writer, after every write queued before it; a write queued after it finds
-        // no lease held and takes it again (a higher epoch), which makes this release a no-op.
-        let permit = self.tx.reserve().await.map_err(|_| StoreError::Closed)?;
-        let (reply, answer) = oneshot::channel();
-        {
-            let Some(epoch) = self.shared.held().remove(id).map(|h| h.epoch) else {
-                return Ok(());
-            };
-            permit.send(Request {
-                op: Op::Release {
-                    id: id.clone(),
-                    epoch,
-                },
-                reply,
-            });
-            debug!(session = %id, epoch, "lease released");
-        }
-        Self::answer(answer).await
+        self.release_held(id, None).await
+    }
+
+    fn lease_epoch(&self, id: &SessionId) -> Option<u64> {
+        self.held_epoch(id)
+    }
+
+    async fn release_epoch(&self, id: &SessionId, epoch: u64) -> Result<(), StoreError> {
+        self.release_held(id, i64::try_from(epoch).ok()).await
     }
 }

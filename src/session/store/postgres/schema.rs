@@ -11,13 +11,23 @@
 //!   exact v0 JSON text (`text`, never `jsonb`, which would reorder keys), its type beside it.
 //! - `dsh_leases(session_id PRIMARY KEY, node_id, epoch, expires_at)`: who hosts a session (SPEC
 //!   §14). `node_id` is `NULL` once released; `epoch` only grows.
+//!
+//! Version 2:
+//! - `dsh_inbox(session_id, n, input_id, kind, body, from_node, created_at, outcome, seq)`, primary
+//!   key `(session_id, n)`, unique `(session_id, input_id)`: input for a session hosted by another
+//!   node, durable until its host applies it (SPEC §14). `n` numbers one session's inputs in commit
+//!   order (an insert takes the session's advisory lock, so `n` is assigned and committed in one
+//!   order); `outcome` is `NULL` while pending, then `applied` (with the splice's `seq`) or
+//!   `refused: …`. The rows stay as the record of what was answered: a repeated `input_id` meets
+//!   its row and is answered from it.
 
 use tokio_postgres::Client;
 
 /// The migrations, in order: (version, SQL). Append only; never edit one that has shipped.
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    "CREATE TABLE dsh_sessions (
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE dsh_sessions (
          id text PRIMARY KEY,
          ord bigserial NOT NULL UNIQUE,
          created_at bigint NOT NULL,
@@ -37,7 +47,25 @@ const MIGRATIONS: &[(i32, &str)] = &[(
          expires_at timestamptz NOT NULL
      );
      CREATE INDEX dsh_leases_node ON dsh_leases (node_id);",
-)];
+    ),
+    (
+        2,
+        "CREATE TABLE dsh_inbox (
+             session_id text NOT NULL,
+             n bigint NOT NULL CHECK (n >= 1),
+             input_id text NOT NULL,
+             kind text NOT NULL,
+             body text NOT NULL,
+             from_node text NOT NULL,
+             created_at timestamptz NOT NULL DEFAULT now(),
+             outcome text,
+             seq bigint,
+             PRIMARY KEY (session_id, n),
+             UNIQUE (session_id, input_id)
+         );
+         CREATE INDEX dsh_inbox_pending ON dsh_inbox (session_id, n) WHERE outcome IS NULL;",
+    ),
+];
 
 /// The advisory lock key that serializes migrations between nodes ("dsh-rs" in ASCII).
 const MIGRATION_LOCK: i64 = 0x0000_6473_682d_7273;

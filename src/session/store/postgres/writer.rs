@@ -45,12 +45,15 @@ const INSERT_FENCED: &str = "\
     FROM unnest($4::bigint[], $5::text[], $6::text[]) AS t(seq, kind, json)
     WHERE EXISTS (SELECT 1 FROM lease) AND (SELECT next FROM tail) = $7";
 
-/// Deletes a session, its events and its lease if this node holds the lease at `$3`.
+/// Deletes a session, its events, its inbox rows and its lease if this node holds the lease at
+/// `$3`.
 const DELETE_FENCED: &str = "\
     WITH lease AS (
         DELETE FROM dsh_leases WHERE session_id = $1 AND node_id = $2 AND epoch = $3 RETURNING 1
     ), events AS (
         DELETE FROM dsh_events WHERE session_id = $1 AND EXISTS (SELECT 1 FROM lease)
+    ), inbox AS (
+        DELETE FROM dsh_inbox WHERE session_id = $1 AND EXISTS (SELECT 1 FROM lease)
     )
     DELETE FROM dsh_sessions WHERE id = $1 AND EXISTS (SELECT 1 FROM lease)";
 
