@@ -22,7 +22,7 @@
 //! client went away, the stream ended, or the server drains).
 
 use std::convert::Infallible;
-use std::fmt::Write as _;
+use std::io::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -245,28 +245,33 @@ impl Drop for OpenStream {
 
 /// The SSE frame of a durable event: `id:` its seq, `event:` its type, `data:` its v0 JSON.
 fn sse_event(event: &Event) -> Frame {
-    let json = event.to_json();
+    sse_frame(event, event.to_json().as_bytes())
+}
+
+/// The SSE frame of a durable event whose v0 JSON is `json` (published with the event: the bytes
+/// the store keeps, so a live event is not serialised a second time).
+fn sse_frame(event: &Event, json: &[u8]) -> Frame {
     let kind = event.kind();
-    let mut frame = String::with_capacity(json.len() + kind.len() + 40);
-    // Writing to a String cannot fail.
+    let mut frame = Vec::with_capacity(json.len() + kind.len() + 40);
+    // Writing to a Vec cannot fail.
     let _ = write!(frame, "id: {}\nevent: {kind}\n", event.seq);
-    push_data(&mut frame, &json);
-    frame.push('\n');
+    push_data(&mut frame, json);
+    frame.push(b'\n');
     Bytes::from(frame)
 }
 
 /// Appends `data` as `data:` lines. Compact JSON has no line break; were one there (whitespace
 /// between tokens, the only place valid JSON can hold a raw one), each line gets its own `data:`
 /// and a raw `\r` is dropped, which the JSON reads the same without.
-fn push_data(frame: &mut String, data: &str) {
-    for line in data.split('\n') {
-        frame.push_str("data: ");
-        if line.contains('\r') {
-            frame.extend(line.chars().filter(|&c| c != '\r'));
+fn push_data(frame: &mut Vec<u8>, data: &[u8]) {
+    for line in data.split(|&b| b == b'\n') {
+        frame.extend_from_slice(b"data: ");
+        if memchr::memchr(b'\r', line).is_some() {
+            frame.extend(line.iter().copied().filter(|&b| b != b'\r'));
         } else {
-            frame.push_str(line);
+            frame.extend_from_slice(line);
         }
-        frame.push('\n');
+        frame.push(b'\n');
     }
 }
 
@@ -302,7 +307,7 @@ async fn follow(
 ) {
     while let Some(observation) = sub.next().await {
         match observation {
-            Observation::Item(Observed::Event { event, .. }) => {
+            Observation::Item(Observed::Event { event, json, .. }) => {
                 if event.seq < next {
                     continue;
                 }
@@ -318,7 +323,7 @@ async fn follow(
                         }
                     }
                 }
-                if tx.send(sse_event(&event)).await.is_err() {
+                if tx.send(sse_frame(&event, &json)).await.is_err() {
                     return;
                 }
                 next += 1;
@@ -372,9 +377,9 @@ mod tests {
 
     #[test]
     fn a_frame_is_id_event_and_one_data_line_per_line() {
-        let mut frame = String::new();
-        push_data(&mut frame, "{\"a\":\r\n1}");
-        assert_eq!(frame, "data: {\"a\":\ndata: 1}\n");
+        let mut frame = Vec::new();
+        push_data(&mut frame, b"{\"a\":\r\n1}");
+        assert_eq!(frame, b"data: {\"a\":\ndata: 1}\n");
         let resume = resume_event(5);
         let resume = std::str::from_utf8(&resume).expect("utf-8");
         let data = resume
