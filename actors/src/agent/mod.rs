@@ -534,6 +534,8 @@ impl AgentActor {
             }
         }
         if state.core.is_idle() && state.core.durable_seq() == state.core.next_seq() {
+            // Chunks are in the store now and no longer read in memory: drop their payloads.
+            state.core.elide_durable_chunks();
             for w in state.idle_waiters.drain(..) {
                 deliver(w, ());
             }
@@ -720,7 +722,7 @@ impl AgentActor {
             }
             AgentMsg::Log { reply } => self.answer_log(state, reply),
             AgentMsg::LogReadForCaller { result, reply } => {
-                Self::answer_log_read(state, result, reply)
+                self.answer_log_read(state, result, reply)
             }
             AgentMsg::BeginMaintenance { reply } => self.begin_maintenance(state, reply).await?,
             AgentMsg::EndMaintenance => state.core.end_maintenance(now),
@@ -809,28 +811,54 @@ impl AgentActor {
         }
     }
 
-    /// Answers a `log` call: from memory, or read back from the store while hibernated.
+    /// Answers a `log` call: from memory while the in-memory log is whole; otherwise (hibernated,
+    /// or chunk payloads elided) read back from the store, completed by the in-memory tail that is
+    /// not durable yet.
     fn answer_log(&self, state: &AgentState, reply: Reply<Result<Vec<Event>, InputError>>) {
         match state.core.session() {
-            Some(session) => deliver(reply, Ok(session.events().to_vec())),
-            None => self.read_log_back(state, move |result| AgentMsg::LogReadForCaller {
+            Some(session) if state.core.elided_through() == 0 => {
+                deliver(reply, Ok(session.events().to_vec()));
+            }
+            _ => self.read_log_back(state, move |result| AgentMsg::LogReadForCaller {
                 result,
                 reply,
             }),
         }
     }
 
-    /// Answers a `log` call with the log read back from the store.
+    /// Answers a `log` call with the log read back from the store, followed by the in-memory events
+    /// after it. A read that ended before events whose payloads were since elided is read again
+    /// (they are durable, so the next read has them).
     fn answer_log_read(
+        &self,
         state: &AgentState,
         result: Result<Vec<Event>, String>,
         reply: Reply<Result<Vec<Event>, InputError>>,
     ) {
         let id = state.id().clone();
-        deliver(
-            reply,
-            result.map_err(|reason| InputError::Store { id, reason }),
-        );
+        let mut events = match result {
+            Ok(events) => events,
+            Err(reason) => return deliver(reply, Err(InputError::Store { id, reason })),
+        };
+        if let Some(session) = state.core.session() {
+            let read = events.len() as u64;
+            if read < state.core.elided_through() {
+                return self.read_log_back(state, move |result| AgentMsg::LogReadForCaller {
+                    result,
+                    reply,
+                });
+            }
+            let tail = usize::try_from(read).unwrap_or(usize::MAX);
+            events.extend(
+                session
+                    .events()
+                    .get(tail..)
+                    .unwrap_or_default()
+                    .iter()
+                    .cloned(),
+            );
+        }
+        deliver(reply, Ok(events));
     }
 
     /// The backoff timer of `ticket` fired.
