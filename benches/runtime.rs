@@ -264,7 +264,7 @@ fn set_turn(data: &mut EventData, turn: u64) {
         EventData::TurnStart(t) => t.turn = turn,
         EventData::TurnEnd(t) => t.turn = turn,
         EventData::StepStart(s) | EventData::StepEnd(s) => s.turn = turn,
-        EventData::AssistantChunk(c) => c.turn = turn,
+        EventData::AssistantChunk(c) => std::sync::Arc::make_mut(c).turn = turn,
         EventData::AssistantMessage(m) => m.turn = turn,
         EventData::ToolCall(c) => c.turn = turn,
         EventData::ToolResult(r) => r.turn = turn,
@@ -330,7 +330,7 @@ async fn hand_turn(
                 let e = Event {
                     seq: session.next_seq,
                     time: now_ms(),
-                    data: EventData::AssistantChunk(Box::new(
+                    data: EventData::AssistantChunk(std::sync::Arc::new(
                         dsh::session::event::AssistantChunk { turn, step, chunk },
                     )),
                     ignorable: false,

@@ -55,11 +55,9 @@ impl Mix {
     }
 
     fn chunk(&mut self, turn: u64, step: u64, chunk: StreamChunk) -> u64 {
-        self.log(EventData::AssistantChunk(Box::new(AssistantChunk {
-            turn,
-            step,
-            chunk,
-        })))
+        self.log(EventData::AssistantChunk(std::sync::Arc::new(
+            AssistantChunk { turn, step, chunk },
+        )))
     }
 
     fn message(

@@ -128,11 +128,13 @@ impl Gen<'_> {
     }
 
     fn chunk(&mut self, step: u64, chunk: StreamChunk) -> u64 {
-        self.log(EventData::AssistantChunk(Box::new(AssistantChunk {
-            turn: self.turn,
-            step,
-            chunk,
-        })))
+        self.log(EventData::AssistantChunk(std::sync::Arc::new(
+            AssistantChunk {
+                turn: self.turn,
+                step,
+                chunk,
+            },
+        )))
     }
 
     fn run(mut self) -> Vec<Event> {

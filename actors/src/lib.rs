@@ -38,4 +38,4 @@ pub use error::{HostError, InputError};
 pub use handle::{AgentHandle, CompactReceipt, InputReceipt};
 pub use host::{AgentSpec, DefaultRetry, Host, HostBuilder};
 pub use observe::{Observation, Observed, StatusReport, Subscription};
-pub use runtime::{HostConfig, Metrics};
+pub use runtime::{DEFAULT_CHUNK_LINGER, HostConfig, Metrics};

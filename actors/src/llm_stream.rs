@@ -4,7 +4,10 @@
 //! `AgentMsg::Chunk` — or, when the provider already has more chunks ready, up to `CHUNK_BATCH_MAX`
 //! of them as one `AgentMsg::Chunks`, which the agent handles exactly like that many `Chunk`s but
 //! for one mailbox trip and one hand-off to its writer (a fast stream costs a message per burst,
-//! not per token) — then `StreamEnded`, and stops. Cancelling its token closes the stream at once
+//! not per token) — then `StreamEnded`, and stops. The agent holds chunks back from its writer while
+//! the stream runs (they join the next commit that must be durable); when the provider makes the
+//! actor wait, it tells the agent to hand over what it holds (`FlushChunks`) at most `linger` after
+//! the first chunk it sent since the last such flush, so observers still see a slow stream live. Cancelling its token closes the stream at once
 //! (the provider drops the connection); a panic in provider code reaches the agent as a supervision
 //! event and becomes a failure offered to `request_error`. A route with no registered provider gets
 //! no actor at all: the core resolves the provider and decides `NO_ADAPTER` itself.
@@ -33,6 +36,8 @@ pub(crate) struct LlmStreamArgs {
     pub(crate) request: LlmRequest,
     pub(crate) cancel: CancellationToken,
     pub(crate) agent: ActorRef<AgentMsg>,
+    /// The longest the agent holds a forwarded chunk back from its writer (`HostConfig::chunk_linger`).
+    pub(crate) linger: std::time::Duration,
 }
 
 impl Actor for LlmStreamActor {
@@ -63,6 +68,7 @@ impl Actor for LlmStreamActor {
             request,
             cancel,
             agent,
+            linger,
         } = args;
         let span = tracing::debug_span!(
             "llm_stream",
@@ -73,41 +79,55 @@ impl Actor for LlmStreamActor {
         let forwarder = agent.clone();
         async move {
             let mut stream = provider.stream(request, cancel.clone());
+            // When the first chunk forwarded since the agent last flushed went out.
+            let mut held_since: Option<tokio::time::Instant> = None;
             loop {
-                tokio::select! {
-                    biased;
-                    () = cancel.cancelled() => break,
-                    next = stream.next() => match next {
-                        Some(chunk) => {
-                            // Take what else is ready without waiting, re-checking the
-                            // cancellation before each chunk as the loop above does.
-                            let mut chunks = vec![chunk];
-                            let mut ended = false;
-                            while chunks.len() < CHUNK_BATCH_MAX && !cancel.is_cancelled() {
-                                match stream.next().now_or_never() {
-                                    Some(Some(chunk)) => chunks.push(chunk),
-                                    Some(None) => {
-                                        ended = true;
-                                        break;
-                                    }
-                                    None => break,
-                                }
-                            }
-                            let msg = match chunks.pop() {
-                                Some(chunk) if chunks.is_empty() => {
-                                    AgentMsg::Chunk { ticket, chunk }
-                                }
-                                last => {
-                                    chunks.extend(last);
-                                    AgentMsg::Chunks { ticket, chunks }
-                                }
-                            };
-                            if forwarder.cast(msg).is_err() || ended {
+                let next = match held_since {
+                    Some(since) => tokio::select! {
+                        biased;
+                        () = cancel.cancelled() => break,
+                        next = stream.next() => next,
+                        () = tokio::time::sleep_until(since + linger) => {
+                            held_since = None;
+                            if forwarder.cast(AgentMsg::FlushChunks { ticket }).is_err() {
                                 break;
                             }
+                            continue;
+                        }
+                    },
+                    None => tokio::select! {
+                        biased;
+                        () = cancel.cancelled() => break,
+                        next = stream.next() => next,
+                    },
+                };
+                let Some(chunk) = next else { break };
+                // Take what else is ready without waiting, re-checking the cancellation before
+                // each chunk as the loop above does.
+                let mut chunks = vec![chunk];
+                let mut ended = false;
+                while chunks.len() < CHUNK_BATCH_MAX && !cancel.is_cancelled() {
+                    match stream.next().now_or_never() {
+                        Some(Some(chunk)) => chunks.push(chunk),
+                        Some(None) => {
+                            ended = true;
+                            break;
                         }
                         None => break,
-                    },
+                    }
+                }
+                let msg = match chunks.pop() {
+                    Some(chunk) if chunks.is_empty() => AgentMsg::Chunk { ticket, chunk },
+                    last => {
+                        chunks.extend(last);
+                        AgentMsg::Chunks { ticket, chunks }
+                    }
+                };
+                if forwarder.cast(msg).is_err() || ended {
+                    break;
+                }
+                if held_since.is_none() && !linger.is_zero() {
+                    held_since = Some(tokio::time::Instant::now());
                 }
             }
         }

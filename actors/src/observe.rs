@@ -12,6 +12,7 @@
 
 use std::sync::{Arc, OnceLock};
 
+use bytes::Bytes;
 use dsh::SessionId;
 use dsh::session::Event;
 use dsh::turn::{AgentCore, LiveEvent, Status};
@@ -26,6 +27,9 @@ pub enum Observed {
         agent: SessionId,
         /// The event, shared by every subscriber.
         event: Arc<Event>,
+        /// The event's v0 JSON, exactly as the store keeps it (encoded once, for the store): a
+        /// subscriber that sends the event on (an SSE stream) need not serialise it again.
+        json: Bytes,
     },
     /// A live notification of `agent`.
     Live {

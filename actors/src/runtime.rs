@@ -18,6 +18,11 @@ use dsh::tools::ToolRegistry;
 
 use crate::observe::Channel;
 
+/// `HostConfig::chunk_linger` by default: a person watching a stream sees it advance 20 times a
+/// second, while a paced model (a token every few ms) costs at most 20 syncs a second, not one per
+/// token batch.
+pub const DEFAULT_CHUNK_LINGER: Duration = Duration::from_millis(50);
+
 /// Host-wide settings.
 #[derive(Clone, Debug)]
 pub struct HostConfig {
@@ -34,11 +39,17 @@ pub struct HostConfig {
     pub restart_window: Duration,
     /// How long `shutdown` and `dispose` wait for an agent to converge after cancelling it.
     pub stop_timeout: Duration,
+    /// How long an agent may hold `assistant/chunk` events back from its session writer while its
+    /// model stream is still sending, so that they join the next commit that must be durable (the
+    /// assembled message, a tool call's checkpoint, the turn's end) instead of costing a sync of
+    /// their own. Nothing waits for a chunk to be durable; observers (event streams) see a held
+    /// chunk at most this much later. Zero hands every chunk to the writer at once.
+    pub chunk_linger: Duration,
 }
 
 impl Default for HostConfig {
-    /// The default limits, hibernation after 30 s idle, at most 3 restarts in 10 s, and 10 s for an
-    /// agent to stop.
+    /// The default limits, hibernation after 30 s idle, at most 3 restarts in 10 s, 10 s for an
+    /// agent to stop, and chunks held back at most `DEFAULT_CHUNK_LINGER`.
     fn default() -> HostConfig {
         HostConfig {
             limits: Limits::DEFAULT,
@@ -46,6 +57,7 @@ impl Default for HostConfig {
             restart_max: 3,
             restart_window: Duration::from_secs(10),
             stop_timeout: Duration::from_secs(10),
+            chunk_linger: DEFAULT_CHUNK_LINGER,
         }
     }
 }

@@ -158,6 +158,11 @@ pub struct SimArgs {
     /// How long to measure the store's own group-commit ceiling after the run (0 = skip).
     #[arg(long, default_value_t = 1000)]
     pub ceiling_ms: u64,
+    /// How long an agent may hold its stream's chunks back from the store so that they join the
+    /// next commit that must be durable, in milliseconds (0 = every chunk batch is its own append;
+    /// default: the runtime's, 50).
+    #[arg(long)]
+    pub chunk_linger_ms: Option<u64>,
     /// Keep the run's sqlite store (under the data directory, named sim-*) instead of removing it.
     #[arg(long)]
     pub keep_store: bool,

@@ -611,7 +611,7 @@ mod tests {
         let chunk = |chunk: StreamChunk| Event {
             seq: 0,
             time: 0,
-            data: EventData::AssistantChunk(Box::new(AssistantChunk {
+            data: EventData::AssistantChunk(std::sync::Arc::new(AssistantChunk {
                 turn: 1,
                 step: 1,
                 chunk,

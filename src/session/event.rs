@@ -264,7 +264,7 @@ pub enum EventData {
     /// `request/context`
     RequestContext(RequestContext),
     /// `assistant/chunk`
-    AssistantChunk(Box<AssistantChunk>),
+    AssistantChunk(Arc<AssistantChunk>),
     /// `assistant/message`
     AssistantMessage(Box<AssistantMessageEvent>),
     /// `tool/call`
@@ -493,6 +493,24 @@ pub struct AssistantChunk {
     pub step: u64,
     /// The chunk as the provider stream delivered it.
     pub chunk: StreamChunk,
+}
+
+impl AssistantChunk {
+    /// The one payload every elided chunk of a live agent's in-memory log points at
+    /// (`Session::elide_chunks`): the chunk itself is in the stored log only. Never written, never
+    /// answered to anyone; compare with `Arc::ptr_eq`.
+    pub fn elided() -> Arc<AssistantChunk> {
+        static ELIDED: std::sync::OnceLock<Arc<AssistantChunk>> = std::sync::OnceLock::new();
+        Arc::clone(ELIDED.get_or_init(|| {
+            Arc::new(AssistantChunk {
+                turn: 0,
+                step: 0,
+                chunk: StreamChunk::Usage {
+                    usage: TokenUsage::default(),
+                },
+            })
+        }))
+    }
 }
 
 /// `assistant/message`: the assembled message of one successful (or interrupted) attempt.

@@ -162,6 +162,36 @@ impl Session {
         &self.events
     }
 
+    /// Drops from memory the payloads of the `assistant/chunk` events with seq in `from..to`: each
+    /// then points at the shared `AssistantChunk::elided()` placeholder. Nothing in a live session
+    /// reads a chunk back once its message is assembled (the surface, the history and the request
+    /// header never cite one), but the events are no longer the log: the caller must answer log
+    /// reads from the store, where the chunks are (so elide only durable events). Also gives back
+    /// the events vector's spare capacity when it is more than a third of it (rarely: after that
+    /// the vector grows by doubling again), so an agent idle after a turn does not keep the slack
+    /// of its last doubling. Returns how many payloads were dropped.
+    pub fn elide_chunks(&mut self, from: u64, to: u64) -> usize {
+        let end = usize::try_from(to)
+            .unwrap_or(usize::MAX)
+            .min(self.events.len());
+        let start = usize::try_from(from).unwrap_or(usize::MAX).min(end);
+        let elided = crate::session::event::AssistantChunk::elided();
+        let mut n = 0;
+        for event in &mut self.events[start..end] {
+            if let EventData::AssistantChunk(chunk) = &mut event.data
+                && !Arc::ptr_eq(chunk, &elided)
+            {
+                *chunk = Arc::clone(&elided);
+                n += 1;
+            }
+        }
+        let len = self.events.len();
+        if self.events.capacity() - len > self.events.capacity() / 3 {
+            self.events.shrink_to_fit();
+        }
+        n
+    }
+
     /// Gives the log up (for hibernation: the events are dropped, the store keeps them).
     pub fn into_events(self) -> Vec<Event> {
         self.events

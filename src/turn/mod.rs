@@ -275,6 +275,9 @@ pub struct AgentCore {
     sent_seq: u64,
     /// Every event with seq < `durable_seq` is on stable storage.
     durable_seq: u64,
+    /// `assistant/chunk` payloads below this seq may be elided from the in-memory log
+    /// (`elide_durable_chunks`): the whole log is then read from the store.
+    elided_through: u64,
     /// This loop instance logged a `request/header` already.
     header_logged: bool,
     next_ticket: u64,
@@ -331,6 +334,7 @@ impl AgentCore {
             last_turn: 0,
             sent_seq: 0,
             durable_seq: 0,
+            elided_through: 0,
             header_logged: false,
             next_ticket: 1,
             effects: Vec::new(),
@@ -385,6 +389,7 @@ impl AgentCore {
             phase: Phase::Idle,
             sent_seq: durable,
             durable_seq: durable,
+            elided_through: 0,
             header_logged: false,
             next_ticket: 1,
             effects: Vec::new(),
@@ -475,7 +480,29 @@ impl AgentCore {
         self.durable_seq
     }
 
-    /// The in-memory log, unless hibernated.
+    /// Drops the payloads of the durable `assistant/chunk` events from the in-memory log while the
+    /// agent is idle (every message assembled; nothing reads a chunk back), keeping them only in
+    /// the store: ~200 bytes each, two thirds of a text turn's events. Call it once everything is
+    /// durable; from then on `elided_through` tells that the log must be read from the store.
+    pub fn elide_durable_chunks(&mut self) {
+        if !self.is_idle() || self.elided_through >= self.durable_seq {
+            return;
+        }
+        if let Log::Live(s) = &mut self.log {
+            s.elide_chunks(self.elided_through, self.durable_seq);
+            self.elided_through = self.durable_seq;
+        }
+    }
+
+    /// In-memory `assistant/chunk` events below this seq may have lost their payloads
+    /// (`elide_durable_chunks`): read those events from the store; from this seq on the in-memory
+    /// log is whole. 0 when nothing was elided.
+    pub fn elided_through(&self) -> u64 {
+        self.elided_through
+    }
+
+    /// The in-memory log, unless hibernated. Its `assistant/chunk` events below
+    /// `elided_through` may be placeholders.
     pub fn session(&self) -> Option<&Session> {
         match &self.log {
             Log::Live(s) => Some(s),

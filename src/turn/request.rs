@@ -234,11 +234,9 @@ impl AgentCore {
         attempt.assembler.push(&chunk);
         let (turn, step) = (run.turn, run.step);
         let seq = self.append(
-            EventDraft::log(EventData::AssistantChunk(Box::new(AssistantChunk {
-                turn,
-                step,
-                chunk,
-            }))),
+            EventDraft::log(EventData::AssistantChunk(std::sync::Arc::new(
+                AssistantChunk { turn, step, chunk },
+            ))),
             now,
         );
         let Stage::Streaming(attempt) = &mut self.run_mut().stage else {

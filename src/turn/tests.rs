@@ -1424,3 +1424,38 @@ fn a_tool_source_that_changes_mid_turn_is_taken_in_at_the_next_step_with_a_chang
     );
     h.check();
 }
+
+/// Once idle and durable, the chunks' payloads leave memory (one shared placeholder), nothing else
+/// changes, the in-memory log says from where it must be read from the store, and the next turn
+/// runs as usual.
+#[test]
+fn an_idle_agent_elides_its_durable_chunks() {
+    let mut h = Harness::new(vec![text("ok"), text("again")]);
+    h.followup("hi");
+    let before = h.events().to_vec();
+    let next = h.core.next_seq();
+    assert_eq!(h.core.durable_seq(), next);
+    h.core.elide_durable_chunks();
+    assert_eq!(h.core.elided_through(), next);
+    let elided = crate::session::event::AssistantChunk::elided();
+    for (was, now) in before.iter().zip(h.events()) {
+        match (&was.data, &now.data) {
+            (EventData::AssistantChunk(_), EventData::AssistantChunk(c)) => {
+                assert!(Arc::ptr_eq(c, &elided), "seq {}", now.seq);
+            }
+            _ => assert_eq!(was, now),
+        }
+    }
+    h.followup("more");
+    assert_eq!(h.turn_end_reasons(), vec![TurnEndReason::Completed; 2]);
+    // The second turn's chunks are whole until elided in turn.
+    let last_chunk = h
+        .events()
+        .iter()
+        .rev()
+        .find(|e| e.kind() == "assistant/chunk");
+    let Some(EventData::AssistantChunk(c)) = last_chunk.map(|e| &e.data) else {
+        panic!("a chunk")
+    };
+    assert!(!Arc::ptr_eq(c, &elided));
+}

@@ -81,9 +81,9 @@ impl TurnWriter {
     }
 
     fn chunk(&mut self, turn: u64, step: u64, chunk: StreamChunk) -> Event {
-        self.push(EventDraft::log(EventData::AssistantChunk(Box::new(
-            AssistantChunk { turn, step, chunk },
-        ))))
+        self.push(EventDraft::log(EventData::AssistantChunk(
+            std::sync::Arc::new(AssistantChunk { turn, step, chunk }),
+        )))
     }
 
     /// The chunks of a text block at index 0 streamed as `deltas`: its start, one delta each, and

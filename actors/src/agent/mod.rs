@@ -24,14 +24,15 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use dsh::hooks::{
     HookCtx, Hooks, RequestErrorCtx, run_post_execute, run_pre_execute, run_pre_step, run_request,
     run_request_error, run_turn_stopping,
 };
 use dsh::ids::MessageIds;
 use dsh::llm::types::{LlmRequest, StreamChunk};
-use dsh::session::Event;
 use dsh::session::store::EncodedEvent;
+use dsh::session::{Event, EventData};
 use dsh::tools::ToolInvocation;
 use dsh::turn::{
     Ack, AgentCore, Effect, HookCall, LiveEvent, ResolvedProvider, ResolvedTool, Wiring,
@@ -90,8 +91,8 @@ pub(crate) struct AgentState {
     /// Acks in seq order.
     acks: VecDeque<PendingAck>,
     idle_waiters: Vec<Reply<()>>,
-    /// Events handed to the writer, kept for observers until durable.
-    publishing: VecDeque<Arc<Event>>,
+    /// Events handed to the writer, with their encoded JSON, kept for observers until durable.
+    publishing: VecDeque<(Arc<Event>, Bytes)>,
     /// Set when the store failed: the agent refuses input.
     failed: Option<String>,
     last_activity: Instant,
@@ -100,6 +101,11 @@ pub(crate) struct AgentState {
     passivated: bool,
     /// A read-back (its ticket) that starts once every event below the seq is durable.
     deferred_load: Option<(u64, u64)>,
+    /// Unsent events below this seq are all `assistant/chunk`s (so `settle` checks only the rest).
+    chunks_through: u64,
+    /// Hand every unsent event to the writer at the next `settle`, chunks included: the stream that
+    /// sent them asked for it (`FlushChunks`) or ended.
+    flush_chunks: bool,
     /// The caller of a manual compaction, answered by the core's `Effect::CompactionStarted`.
     compact_reply: Option<Reply<Result<CompactReceipt, InputError>>>,
 }
@@ -400,6 +406,7 @@ impl AgentActor {
             request,
             cancel: cancel.clone(),
             agent: state.myself.clone(),
+            linger: self.runtime.config.chunk_linger,
         };
         let (actor, _) =
             Actor::spawn_linked(None, LlmStreamActor, args, state.myself.get_cell()).await?;
@@ -508,13 +515,17 @@ impl AgentActor {
     /// and arm hibernation when idle.
     async fn settle(&self, state: &mut AgentState) -> Result<(), ActorProcessingErr> {
         self.run_effects(state).await?;
-        let unsent = state.core.unsent();
-        if !unsent.is_empty() {
+        let flush = std::mem::take(&mut state.flush_chunks);
+        if !state.core.unsent().is_empty() && (flush || !self.hold_chunks(state)) {
+            let unsent = state.core.unsent();
             let batch: Vec<EncodedEvent> = unsent.iter().map(EncodedEvent::encode).collect();
             if self.observed() {
-                state
-                    .publishing
-                    .extend(unsent.iter().cloned().map(Arc::new));
+                state.publishing.extend(
+                    unsent
+                        .iter()
+                        .zip(&batch)
+                        .map(|(e, encoded)| (Arc::new(e.clone()), encoded.json.clone())),
+                );
             }
             state.core.mark_sent();
             let writer = self.writer(state).await?;
@@ -523,6 +534,8 @@ impl AgentActor {
             }
         }
         if state.core.is_idle() && state.core.durable_seq() == state.core.next_seq() {
+            // Chunks are in the store now and no longer read in memory: drop their payloads.
+            state.core.elide_durable_chunks();
             for w in state.idle_waiters.drain(..) {
                 deliver(w, ());
             }
@@ -542,6 +555,32 @@ impl AgentActor {
         Ok(())
     }
 
+    /// Whether to keep the unsent events from the writer for now: they are all `assistant/chunk`s
+    /// of a stream that is still sending (it asks for a flush after the linger, and its end or any
+    /// other event sends them). No acknowledgement or checkpoint waits for a chunk, so a chunk needs
+    /// no sync of its own: held, it joins the next commit that must be durable (a text turn then
+    /// syncs twice, a tool turn once per checkpoint plus its end). A crash loses only held chunks,
+    /// after which the log ends in an open step that repair closes like any other.
+    fn hold_chunks(&self, state: &mut AgentState) -> bool {
+        if state.stream.is_none() || self.runtime.config.chunk_linger.is_zero() {
+            return false;
+        }
+        let unsent = state.core.unsent();
+        let Some(first) = unsent.first() else {
+            return false;
+        };
+        let checked = usize::try_from(state.chunks_through.saturating_sub(first.seq))
+            .unwrap_or(usize::MAX)
+            .min(unsent.len());
+        let all_chunks = unsent[checked..]
+            .iter()
+            .all(|e| matches!(e.data, EventData::AssistantChunk(_)));
+        if all_chunks {
+            state.chunks_through = first.seq + unsent.len() as u64;
+        }
+        all_chunks
+    }
+
     fn on_durable(&self, state: &mut AgentState, through_seq: u64) {
         state.core.on_durable(through_seq, now_ms());
         while state
@@ -556,12 +595,13 @@ impl AgentActor {
         while state
             .publishing
             .front()
-            .is_some_and(|e| e.seq < through_seq)
+            .is_some_and(|(e, _)| e.seq < through_seq)
         {
-            if let Some(event) = state.publishing.pop_front() {
+            if let Some((event, json)) = state.publishing.pop_front() {
                 self.publish(Observed::Event {
                     agent: state.id().clone(),
                     event,
+                    json,
                 });
             }
         }
@@ -682,7 +722,7 @@ impl AgentActor {
             }
             AgentMsg::Log { reply } => self.answer_log(state, reply),
             AgentMsg::LogReadForCaller { result, reply } => {
-                Self::answer_log_read(state, result, reply)
+                self.answer_log_read(state, result, reply)
             }
             AgentMsg::BeginMaintenance { reply } => self.begin_maintenance(state, reply).await?,
             AgentMsg::EndMaintenance => state.core.end_maintenance(now),
@@ -701,7 +741,14 @@ impl AgentActor {
             AgentMsg::Chunks { ticket, chunks } => {
                 self.on_chunks(state, ticket, chunks, now).await?;
             }
-            AgentMsg::StreamEnded { ticket } => state.core.on_stream_end(ticket, now),
+            AgentMsg::FlushChunks { ticket } => {
+                // A stale attempt's request is moot: its stream is gone, and with it the holding.
+                state.flush_chunks = state.stream.as_ref().is_some_and(|(t, ..)| *t == ticket);
+            }
+            AgentMsg::StreamEnded { ticket } => {
+                state.flush_chunks = true;
+                state.core.on_stream_end(ticket, now);
+            }
             AgentMsg::RecoveryDecided { ticket, result } => {
                 state.core.on_recovery(ticket, result, now);
             }
@@ -764,28 +811,54 @@ impl AgentActor {
         }
     }
 
-    /// Answers a `log` call: from memory, or read back from the store while hibernated.
+    /// Answers a `log` call: from memory while the in-memory log is whole; otherwise (hibernated,
+    /// or chunk payloads elided) read back from the store, completed by the in-memory tail that is
+    /// not durable yet.
     fn answer_log(&self, state: &AgentState, reply: Reply<Result<Vec<Event>, InputError>>) {
         match state.core.session() {
-            Some(session) => deliver(reply, Ok(session.events().to_vec())),
-            None => self.read_log_back(state, move |result| AgentMsg::LogReadForCaller {
+            Some(session) if state.core.elided_through() == 0 => {
+                deliver(reply, Ok(session.events().to_vec()));
+            }
+            _ => self.read_log_back(state, move |result| AgentMsg::LogReadForCaller {
                 result,
                 reply,
             }),
         }
     }
 
-    /// Answers a `log` call with the log read back from the store.
+    /// Answers a `log` call with the log read back from the store, followed by the in-memory events
+    /// after it. A read that ended before events whose payloads were since elided is read again
+    /// (they are durable, so the next read has them).
     fn answer_log_read(
+        &self,
         state: &AgentState,
         result: Result<Vec<Event>, String>,
         reply: Reply<Result<Vec<Event>, InputError>>,
     ) {
         let id = state.id().clone();
-        deliver(
-            reply,
-            result.map_err(|reason| InputError::Store { id, reason }),
-        );
+        let mut events = match result {
+            Ok(events) => events,
+            Err(reason) => return deliver(reply, Err(InputError::Store { id, reason })),
+        };
+        if let Some(session) = state.core.session() {
+            let read = events.len() as u64;
+            if read < state.core.elided_through() {
+                return self.read_log_back(state, move |result| AgentMsg::LogReadForCaller {
+                    result,
+                    reply,
+                });
+            }
+            let tail = usize::try_from(read).unwrap_or(usize::MAX);
+            events.extend(
+                session
+                    .events()
+                    .get(tail..)
+                    .unwrap_or_default()
+                    .iter()
+                    .cloned(),
+            );
+        }
+        deliver(reply, Ok(events));
     }
 
     /// The backoff timer of `ticket` fired.
@@ -1007,6 +1080,8 @@ impl Actor for AgentActor {
             hibernate_armed: false,
             passivated: false,
             deferred_load: None,
+            chunks_through: 0,
+            flush_chunks: false,
             compact_reply: None,
         })
     }

@@ -163,6 +163,12 @@ pub enum AgentMsg {
         /// The chunks, in stream order.
         chunks: Vec<StreamChunk>,
     },
+    /// The stream of attempt `ticket` has kept the agent's held chunks back for the linger: hand
+    /// them to the writer now (observers see them once durable).
+    FlushChunks {
+        /// The attempt.
+        ticket: u64,
+    },
     /// The stream of attempt `ticket` ended.
     StreamEnded {
         /// The attempt.

@@ -140,7 +140,7 @@ impl Observer {
         let now = Instant::now();
         match item {
             Observation::Lagged(n) => self.tally.lagged += n,
-            Observation::Item(Observed::Event { agent, event }) => match &event.data {
+            Observation::Item(Observed::Event { agent, event, .. }) => match &event.data {
                 EventData::StepStart(_) => {
                     self.step_started.insert(agent, now);
                 }

@@ -67,8 +67,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{CliError, Config, SimArgs};
 use dsh_actors::{
-    AgentHandle, AgentSpec, Host, HostConfig, HostError, InputError, Observation, Observed,
-    Subscription,
+    AgentHandle, AgentSpec, DEFAULT_CHUNK_LINGER, Host, HostConfig, HostError, InputError,
+    Observation, Observed, Subscription,
 };
 
 mod ceiling;
@@ -409,6 +409,7 @@ async fn simulate_on(
         .config(HostConfig {
             limits,
             hibernate_after: Some(Duration::from_millis(plan.hibernate_ms)),
+            chunk_linger: Duration::from_millis(plan.chunk_linger_ms),
             ..HostConfig::default()
         })
         .start()

@@ -61,6 +61,8 @@ pub struct SimPlan {
     pub hibernate_ms: u64,
     /// How long the store ceiling is measured, 0 to skip (`--ceiling-ms`).
     pub ceiling_ms: u64,
+    /// How long an agent holds its stream's chunks back (`--chunk-linger-ms`).
+    pub chunk_linger_ms: u64,
     /// Keep the run's sqlite store (`--keep-store`).
     pub keep_store: bool,
     /// Agents whose events are observed for the step and steer latencies (at most `agents`).
@@ -109,12 +111,16 @@ impl SimPlan {
                 reply_tokens: args.reply_tokens,
                 reply_tokens_max: REPLY_TOKENS_MAX,
             })?;
+        let linger_ms = args
+            .chunk_linger_ms
+            .unwrap_or(DEFAULT_CHUNK_LINGER.as_millis() as u64);
         for (flag, value_ms, value_ms_max) in [
             ("hibernate-ms", args.hibernate_ms, HIBERNATE_MS_MAX),
             ("ceiling-ms", args.ceiling_ms, CEILING_MS_MAX),
             ("latency-ms", args.latency_ms, HIBERNATE_MS_MAX),
             ("tool-ms", args.tool_ms, HIBERNATE_MS_MAX),
             ("ramp-ms", args.ramp_ms, HIBERNATE_MS_MAX),
+            ("chunk-linger-ms", linger_ms, HIBERNATE_MS_MAX),
         ] {
             if value_ms > value_ms_max {
                 return Err(SimError::Duration {
@@ -139,6 +145,7 @@ impl SimPlan {
             seed: args.seed,
             hibernate_ms: args.hibernate_ms,
             ceiling_ms: args.ceiling_ms,
+            chunk_linger_ms: linger_ms,
             keep_store: args.keep_store,
             observe_agents: args.observe_agents.min(args.agents),
             ramp_ms: args.ramp_ms,

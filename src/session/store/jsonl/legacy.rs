@@ -217,7 +217,11 @@ pub fn decode_row(tag: RowTag, row: &Map<String, Value>) -> Result<Vec<Event>, L
             Event {
                 seq: seq0 + k as u64,
                 time,
-                data: EventData::AssistantChunk(Box::new(AssistantChunk { turn, step, chunk })),
+                data: EventData::AssistantChunk(std::sync::Arc::new(AssistantChunk {
+                    turn,
+                    step,
+                    chunk,
+                })),
                 ignorable: false,
                 source_event_seqs: None,
                 surface_op: None,
@@ -880,7 +884,7 @@ mod tests {
         Event {
             seq,
             time,
-            data: EventData::AssistantChunk(Box::new(AssistantChunk {
+            data: EventData::AssistantChunk(std::sync::Arc::new(AssistantChunk {
                 turn: 1,
                 step,
                 chunk,
