@@ -257,6 +257,27 @@ impl std::fmt::Debug for PostgresStore {
 /// How often one append takes a lease again after a release raced it.
 const RETAKES_MAX: usize = 4;
 
+/// Renews every lease node `$1` holds by `$2` ms. The rows are locked in session-id byte order
+/// first, the order in which the writer's group locks them (see `writer.rs`), so the two cannot
+/// deadlock.
+const RENEW_LEASES: &str = "\
+    WITH mine AS (
+        SELECT session_id FROM dsh_leases WHERE node_id = $1
+        ORDER BY session_id COLLATE \"C\" FOR NO KEY UPDATE
+    )
+    UPDATE dsh_leases l SET expires_at = now() + $2::bigint * interval '1 millisecond'
+    FROM mine WHERE l.session_id = mine.session_id AND l.node_id = $1
+    RETURNING l.session_id, l.epoch";
+
+/// Releases every lease node `$1` holds (a clean close), locking the rows in the same order.
+const RELEASE_ALL: &str = "\
+    WITH mine AS (
+        SELECT session_id FROM dsh_leases WHERE node_id = $1
+        ORDER BY session_id COLLATE \"C\" FOR NO KEY UPDATE
+    )
+    UPDATE dsh_leases l SET node_id = NULL, expires_at = now()
+    FROM mine WHERE l.session_id = mine.session_id AND l.node_id = $1";
+
 /// Takes the lease of `id` for `node` (epoch + 1) if it is free, expired or `node`'s already:
 /// `$1` session, `$2` node, `$3` ttl in ms.
 const TAKE_LEASE: &str = "\
@@ -483,10 +504,7 @@ impl PostgresStore {
         let released = async {
             let client = self.shared.client("close").await?;
             client
-                .execute(
-                    "UPDATE dsh_leases SET node_id = NULL, expires_at = now() WHERE node_id = $1",
-                    &[&self.shared.config.node_id],
-                )
+                .execute(RELEASE_ALL, &[&self.shared.config.node_id])
                 .await
                 .map_err(|e| io_error("close", pg_error(&e)))
         }
@@ -753,11 +771,7 @@ async fn renew_leases(shared: Weak<Shared>) {
         let renewed = async {
             let client = shared.pool.get().await.map_err(|e| e.to_string())?;
             client
-                .query(
-                    "UPDATE dsh_leases SET expires_at = now() + $2::bigint * interval '1 millisecond' \
-                     WHERE node_id = $1 RETURNING session_id, epoch",
-                    &[&shared.config.node_id, &shared.ttl_ms()],
-                )
+                .query(RENEW_LEASES, &[&shared.config.node_id, &shared.ttl_ms()])
                 .await
                 .map_err(|e| pg_error(&e))
         }
