@@ -532,18 +532,7 @@ impl PostgresStore {
         )
         .await?
         .ok_or_else(|| StoreError::NotFound { id: id.clone() })?;
-        let taken = tx
-            .query_opt(
-                TAKE_LEASE,
-                &[
-                    &id.as_str(),
-                    &self.shared.config.node_id,
-                    &self.shared.ttl_ms(),
-                ],
-            )
-            .await
-            .map_err(|e| io_error(op, pg_error(&e)))?;
-        let Some(taken) = taken else {
+        let Some(epoch) = take_lease(&tx, &self.shared, id, op).await? else {
             let holder = tx
                 .query_opt(
                     "SELECT node_id, epoch, greatest(0, extract(epoch FROM expires_at - now()))::float8 \
@@ -572,7 +561,6 @@ impl PostgresStore {
                 left,
             });
         };
-        let epoch: i64 = taken.try_get(0).map_err(|e| io_error(op, e))?;
         let end = tx
             .query_one(
                 "SELECT max(seq) FROM dsh_events WHERE session_id = $1",
@@ -722,6 +710,25 @@ const HEADER: &str = "SELECT header FROM dsh_sessions WHERE id = $1";
 
 /// Reads session `id`'s header with `sql` (`HEADER`, or it with a row lock) on a connection or in a
 /// transaction; `None` when there is no such session.
+/// Runs `TAKE_LEASE` for `id` on this node: the new epoch, or `None` when another node holds a
+/// live lease.
+async fn take_lease<C: deadpool_postgres::GenericClient>(
+    client: &C,
+    shared: &Shared,
+    id: &SessionId,
+    op: &'static str,
+) -> Result<Option<i64>, StoreError> {
+    let row = client
+        .query_opt(
+            TAKE_LEASE,
+            &[&id.as_str(), &shared.config.node_id, &shared.ttl_ms()],
+        )
+        .await
+        .map_err(|e| io_error(op, pg_error(&e)))?;
+    row.map(|r| r.try_get(0).map_err(|e| io_error(op, e)))
+        .transpose()
+}
+
 async fn read_header<C: deadpool_postgres::GenericClient>(
     client: &C,
     sql: &str,
@@ -833,21 +840,9 @@ impl SessionStore for PostgresStore {
             return Err(StoreError::AlreadyExists { id: id.clone() });
         }
         // A lease row left by a deleted session of the same id keeps its epoch growing.
-        let taken = tx
-            .query_opt(
-                TAKE_LEASE,
-                &[
-                    &id.as_str(),
-                    &self.shared.config.node_id,
-                    &self.shared.ttl_ms(),
-                ],
-            )
-            .await
-            .map_err(|e| io_error(op, pg_error(&e)))?;
-        let Some(taken) = taken else {
+        let Some(epoch) = take_lease(&tx, &self.shared, id, op).await? else {
             return Err(StoreError::AlreadyExists { id: id.clone() });
         };
-        let epoch: i64 = taken.try_get(0).map_err(|e| io_error(op, e))?;
         tx.commit().await.map_err(|e| io_error(op, pg_error(&e)))?;
         self.shared.held().insert(
             id.clone(),
