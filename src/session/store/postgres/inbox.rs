@@ -118,6 +118,23 @@ fn outcome_of(outcome: Option<String>, seq: Option<i64>) -> InboxOutcome {
     }
 }
 
+/// Opens a transaction on `client` with `synchronous_commit` set to `synchronous_commit` for it
+/// alone.
+async fn begin<'a>(
+    client: &'a mut deadpool_postgres::Object,
+    op: &'static str,
+    synchronous_commit: &'static str,
+) -> Result<deadpool_postgres::Transaction<'a>, StoreError> {
+    let e = |e: tokio_postgres::Error| io_error(op, pg_error(&e));
+    let tx = client.transaction().await.map_err(e)?;
+    tx.batch_execute(&format!(
+        "SET LOCAL synchronous_commit = {synchronous_commit}"
+    ))
+    .await
+    .map_err(e)?;
+    Ok(tx)
+}
+
 fn to_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -139,14 +156,8 @@ impl PostgresStore {
         self.shared.readable()?;
         let op = "inbox put";
         let mut client = self.shared.client(op).await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(|e| io_error(op, pg_error(&e)))?;
+        let tx = begin(&mut client, op, "on").await?;
         let e = |e: tokio_postgres::Error| io_error(op, pg_error(&e));
-        tx.batch_execute("SET LOCAL synchronous_commit = on")
-            .await
-            .map_err(e)?;
         tx.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
             &[&id.as_str()],
@@ -294,14 +305,8 @@ impl PostgresStore {
         };
         let op = "inbox settle";
         let mut client = self.shared.client(op).await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(|e| io_error(op, pg_error(&e)))?;
+        let tx = begin(&mut client, op, "off").await?;
         let e = |e: tokio_postgres::Error| io_error(op, pg_error(&e));
-        tx.batch_execute("SET LOCAL synchronous_commit = off")
-            .await
-            .map_err(e)?;
         tx.execute(
             "UPDATE dsh_inbox SET outcome = $3, seq = $4 \
              WHERE session_id = $1 AND n = $2 AND outcome IS NULL",
