@@ -24,7 +24,31 @@ use pg_db::TestDb;
 use rustix::process::Signal;
 use sandbox::Sandbox;
 use serde_json::json;
-use serve_support::{FAST_SIM, SLOW_SIM, kinds};
+use serve_support::{FAST_SIM, SLOW_SIM, Server, kinds};
+
+/// Two `dsh serve` nodes, `node-a` and `node-b`, each with a directory of its own, on a fresh
+/// database named for `test` (`None`: no server, the test skips). Fields drop in declaration order:
+/// the nodes stop before their directories go, and the database is dropped last.
+struct TwoNodes {
+    a: Server,
+    b: Server,
+    _dirs: (Sandbox, Sandbox),
+    db: TestDb,
+}
+
+async fn two_nodes(test: &str, config: &str, ttl_ms: u64) -> Option<TwoNodes> {
+    let db = TestDb::create(test).await?;
+    let dirs = (Sandbox::new(), Sandbox::new());
+    let url = db.url.as_str();
+    let a = start_node(dirs.0.path(), config, url, "node-a", ttl_ms);
+    let b = start_node(dirs.1.path(), config, url, "node-b", ttl_ms);
+    Some(TwoNodes {
+        a,
+        b,
+        _dirs: dirs,
+        db,
+    })
+}
 
 #[test]
 fn a_bad_store_url_is_one_line_and_opens_nothing() {
@@ -117,16 +141,16 @@ async fn every_store_command_works_on_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_hosted_by_another_node_is_read_there_and_takes_input_there() {
-    let Some(db) =
-        TestDb::create("a_session_hosted_by_another_node_is_read_there_and_takes_input_there")
-            .await
+    let Some(mut nodes) = two_nodes(
+        "a_session_hosted_by_another_node_is_read_there_and_takes_input_there",
+        SLOW_SIM,
+        10_000,
+    )
+    .await
     else {
         return;
     };
-    let (dir_a, dir_b) = (Sandbox::new(), Sandbox::new());
-    let url = db.url.as_str();
-    let a = start_node(dir_a.path(), SLOW_SIM, url, "node-a", 10_000);
-    let b = start_node(dir_b.path(), SLOW_SIM, url, "node-b", 10_000);
+    let TwoNodes { a, b, db, .. } = &mut nodes;
     a.create_with_followup("h1", "hello from a").await;
     // A runs the (slow) turn and holds the session's lease while it does.
     let mut on_a = a.events("/v1/sessions/h1/events", None).await;
@@ -227,7 +251,7 @@ async fn a_session_hosted_by_another_node_is_read_there_and_takes_input_there() 
 
     // The log: B's inputs spliced once each, at the seqs B answered, in the order B took them;
     // seqs contiguous; nothing written by B itself (it never held the lease).
-    let log = log_of(&b, "h1").await;
+    let log = log_of(b, "h1").await;
     assert_contiguous(&log);
     let from_b: Vec<(String, u64)> = spliced(&log)
         .into_iter()
@@ -270,24 +294,24 @@ async fn a_session_hosted_by_another_node_is_read_there_and_takes_input_there() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_node_s_session_with_pending_input_is_taken_over_within_a_lease() {
-    let Some(db) =
-        TestDb::create("a_killed_node_s_session_with_pending_input_is_taken_over_within_a_lease")
-            .await
+    let ttl_ms = 1_500;
+    let Some(mut nodes) = two_nodes(
+        "a_killed_node_s_session_with_pending_input_is_taken_over_within_a_lease",
+        SLOW_SIM,
+        ttl_ms,
+    )
+    .await
     else {
         return;
     };
-    let ttl_ms = 1_500;
-    let (dir_a, dir_b) = (Sandbox::new(), Sandbox::new());
-    let url = db.url.as_str();
-    let mut a = start_node(dir_a.path(), SLOW_SIM, url, "node-a", ttl_ms);
-    let b = start_node(dir_b.path(), SLOW_SIM, url, "node-b", ttl_ms);
+    let TwoNodes { a, b, db, .. } = &mut nodes;
     a.create_with_followup("k1", "hello from a").await;
     let mut on_a = a.events("/v1/sessions/k1/events", None).await;
     let before = on_a.until("assistant/chunk").await;
 
     // A dies mid-turn, holding the lease. Input on B waits in the inbox until the lease expires;
     // then B takes the session over (epoch 2), repairs the open turn and applies the input.
-    kill(&mut a);
+    kill(a);
     let killed = Instant::now();
     let (status, ack) = b
         .call(
@@ -315,7 +339,7 @@ async fn a_killed_node_s_session_with_pending_input_is_taken_over_within_a_lease
     let (status, answer) = b.call("POST", "/v1/sessions/k1/cancel", None).await;
     assert_eq!(status, 202, "{answer}");
 
-    let log = log_of(&b, "k1").await;
+    let log = log_of(b, "k1").await;
     assert_contiguous(&log);
     let kinds_before: Vec<&str> = before.iter().map(|e| e.event.as_str()).collect();
     let all = types(&log);
@@ -440,17 +464,17 @@ async fn sim_on_several_nodes_reports_each_count_of_processes_on_one_database() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_paused_past_its_lease_hands_input_to_the_new_host_when_it_wakes() {
-    let Some(db) =
-        TestDb::create("a_node_paused_past_its_lease_hands_input_to_the_new_host_when_it_wakes")
-            .await
+    let ttl_ms = 1_000;
+    let Some(mut nodes) = two_nodes(
+        "a_node_paused_past_its_lease_hands_input_to_the_new_host_when_it_wakes",
+        FAST_SIM,
+        ttl_ms,
+    )
+    .await
     else {
         return;
     };
-    let ttl_ms = 1_000;
-    let (dir_a, dir_b) = (Sandbox::new(), Sandbox::new());
-    let url = db.url.as_str();
-    let a = start_node(dir_a.path(), FAST_SIM, url, "node-a", ttl_ms);
-    let b = start_node(dir_b.path(), FAST_SIM, url, "node-b", ttl_ms);
+    let TwoNodes { a, b, db, .. } = &mut nodes;
     a.create_with_followup("p1", "hello from a").await;
     let mut on_a = a.events("/v1/sessions/p1/events", None).await;
     on_a.until("turn/end").await;
@@ -459,7 +483,7 @@ async fn a_node_paused_past_its_lease_hands_input_to_the_new_host_when_it_wakes(
     tokio::time::sleep(Duration::from_millis(300)).await;
     // A's agent is idle and live (it hibernates only after 30 s). A stops past its lease; input
     // on B waits until the lease lapses, then B takes the session over.
-    signal(&a, Signal::STOP);
+    signal(a, Signal::STOP);
     let (status, on_b) = b
         .call(
             "POST",
@@ -468,7 +492,7 @@ async fn a_node_paused_past_its_lease_hands_input_to_the_new_host_when_it_wakes(
         )
         .await;
     assert_eq!(status, 202, "{on_b}");
-    signal(&a, Signal::CONT);
+    signal(a, Signal::CONT);
     // A's renewal finds the lease taken (within a third of a lease) and fences the session.
     tokio::time::sleep(Duration::from_millis(ttl_ms)).await;
     // Input on A now: its live agent is stopped, and the input goes to B through the inbox.
@@ -481,7 +505,7 @@ async fn a_node_paused_past_its_lease_hands_input_to_the_new_host_when_it_wakes(
         .await;
     assert_eq!(status, 202, "{on_a}");
     assert!(on_a["seq"].as_u64() > on_b["seq"].as_u64(), "{on_a} {on_b}");
-    let log = log_of(&b, "p1").await;
+    let log = log_of(b, "p1").await;
     assert_contiguous(&log);
     let splices = spliced(&log);
     let ours: Vec<(String, u64)> = splices
