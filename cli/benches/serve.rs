@@ -22,7 +22,7 @@ use dsh::llm::types::Message;
 use dsh::session::store::SessionStore;
 use dsh::session::store::sqlite::{SqliteConfig, SqliteStore};
 use dsh_actors::{Host, Observation, Observed};
-use dsh_cli::serve::router::router;
+use dsh_cli::serve::router::{no_delay, router};
 use dsh_cli::serve::state::{AgentDefaults, AppState, ServerSettings};
 
 /// What one run measured.
@@ -245,7 +245,7 @@ async fn via_http(agents: usize, turns: usize) -> Figures {
     let end = state.inner.streams_end.clone();
     let server = tokio::spawn(async move {
         let stop = end.clone();
-        axum::serve(listener, router(state))
+        axum::serve(no_delay(listener), router(state))
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await
             .expect("serve");
