@@ -5,12 +5,16 @@
 //! tools). `AGENTS` agents each run `TURNS` turns one after another: a followup, then wait for the
 //! turn to end. Three clients: `Host API` waits with `when_idle`; `Host + subscriber` reads every
 //! event of its agent from a subscription until the `turn/end` (the same work an HTTP client does
-//! to learn of it, and so the fair baseline); `HTTP` reads the session's event stream. Reported:
-//! turns/s, and the input-ack latency (the followup call, or the `POST …/followup` until its 202)
-//! at p50 and p99, and the ratios.
+//! to learn of it, and so the fair baseline); `HTTP` reads the session's event stream, through one
+//! `reqwest` client shared by every agent and built before the clock starts. Reported: turns/s,
+//! the process's CPU time per turn (user + system, every thread: server, runtime, store and
+//! client), the input-ack latency (the followup call, or the `POST …/followup` until its 202) at
+//! p50 and p99, and the ratios.
 //!
-//! `cargo bench -p dsh-cli --bench serve` (`DSH_BENCH_AGENTS`, `DSH_BENCH_TURNS` override the sizes;
-//! `DSH_BENCH_ONLY=host|host-sub|http` runs one client alone, e.g. under callgrind).
+//! `cargo bench -p dsh-cli --bench serve` (`DSH_BENCH_AGENTS`, `DSH_BENCH_TURNS` override the sizes,
+//! 200 × 50 by default: 10,000 turns, ~3 s a path on a quiet machine; at 1,000 turns the ratio
+//! moved 0.49–0.62× between runs; `DSH_BENCH_ONLY=host|host-sub|http` runs one client alone, e.g.
+//! under callgrind or strace).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -277,8 +281,8 @@ async fn via_http(agents: usize, turns: usize) -> Figures {
 }
 
 fn main() {
-    let agents = size("DSH_BENCH_AGENTS", 50);
-    let turns = size("DSH_BENCH_TURNS", 20);
+    let agents = size("DSH_BENCH_AGENTS", 200);
+    let turns = size("DSH_BENCH_TURNS", 50);
     let only = std::env::var("DSH_BENCH_ONLY").ok();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
