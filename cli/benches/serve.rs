@@ -5,12 +5,16 @@
 //! tools). `AGENTS` agents each run `TURNS` turns one after another: a followup, then wait for the
 //! turn to end. Three clients: `Host API` waits with `when_idle`; `Host + subscriber` reads every
 //! event of its agent from a subscription until the `turn/end` (the same work an HTTP client does
-//! to learn of it, and so the fair baseline); `HTTP` reads the session's event stream. Reported:
-//! turns/s, and the input-ack latency (the followup call, or the `POST …/followup` until its 202)
-//! at p50 and p99, and the ratios.
+//! to learn of it, and so the fair baseline); `HTTP` reads the session's event stream, through one
+//! `reqwest` client shared by every agent and built before the clock starts. Reported: turns/s,
+//! the process's CPU time per turn (user + system, every thread: server, runtime, store and
+//! client), the input-ack latency (the followup call, or the `POST …/followup` until its 202) at
+//! p50 and p99, and the ratios.
 //!
-//! `cargo bench -p dsh-cli --bench serve` (`DSH_BENCH_AGENTS`, `DSH_BENCH_TURNS` override the sizes;
-//! `DSH_BENCH_ONLY=host|host-sub|http` runs one client alone, e.g. under callgrind).
+//! `cargo bench -p dsh-cli --bench serve` (`DSH_BENCH_AGENTS`, `DSH_BENCH_TURNS` override the sizes,
+//! 200 × 50 by default: 10,000 turns, ~3 s a path on a quiet machine; at 1,000 turns the ratio
+//! moved 0.49–0.62× between runs; `DSH_BENCH_ONLY=host|host-sub|http` runs one client alone, e.g.
+//! under callgrind or strace).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,13 +26,15 @@ use dsh::llm::types::Message;
 use dsh::session::store::SessionStore;
 use dsh::session::store::sqlite::{SqliteConfig, SqliteStore};
 use dsh_actors::{Host, Observation, Observed};
-use dsh_cli::serve::router::router;
+use dsh_cli::serve::router::{no_delay, router};
 use dsh_cli::serve::state::{AgentDefaults, AppState, ServerSettings};
 
 /// What one run measured.
 struct Figures {
     turns: usize,
     elapsed: Duration,
+    /// CPU time of the whole process (every thread: runtime, store, client) over the run.
+    cpu: Duration,
     acks: Vec<Duration>,
 }
 
@@ -37,11 +43,30 @@ impl Figures {
         self.turns as f64 / self.elapsed.as_secs_f64()
     }
 
+    /// Microseconds of CPU (user + system, all threads) per turn.
+    fn cpu_us_per_turn(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / self.turns as f64
+    }
+
     fn ack_ms(&mut self, q: f64) -> f64 {
         self.acks.sort();
         let i = ((self.acks.len() as f64 - 1.0) * q).round() as usize;
         self.acks[i].as_secs_f64() * 1000.0
     }
+}
+
+/// CPU time this process used so far (user + system, every thread, exited ones included), from
+/// `/proc/self/stat` in clock ticks (`USER_HZ`, 100 on Linux). On a shared machine this is steadier
+/// than wall time: what other processes take does not count.
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // Fields after the command name (which is in parentheses and may hold spaces): state is
+    // field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')').expect("stat format") + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    Duration::from_millis(ticks * 10)
 }
 
 fn size(var: &str, default: usize) -> usize {
@@ -90,6 +115,7 @@ enum Wait {
 async fn via_host(agents: usize, turns: usize, wait: Wait) -> Figures {
     let dir = tempfile::tempdir().expect("tempdir");
     let (host, store) = start_host(dir.path()).await;
+    let cpu = process_cpu();
     let start = Instant::now();
     let tasks: Vec<_> = (0..agents)
         .map(|_| {
@@ -128,11 +154,13 @@ async fn via_host(agents: usize, turns: usize, wait: Wait) -> Figures {
         acks.extend(t.await.expect("agent task"));
     }
     let elapsed = start.elapsed();
+    let cpu = process_cpu() - cpu;
     host.shutdown().await;
     store.close().await.expect("close");
     Figures {
         turns: agents * turns,
         elapsed,
+        cpu,
         acks,
     }
 }
@@ -160,8 +188,12 @@ async fn turn_ends(resp: &mut reqwest::Response, buf: &mut String, n: usize) {
     }
 }
 
-async fn http_agent(base: String, i: usize, turns: usize) -> Vec<Duration> {
-    let client = reqwest::Client::new();
+async fn http_agent(
+    client: reqwest::Client,
+    base: String,
+    i: usize,
+    turns: usize,
+) -> Vec<Duration> {
     let id = format!("a{i}");
     let created = client
         .post(format!("{base}/v1/sessions"))
@@ -217,33 +249,40 @@ async fn via_http(agents: usize, turns: usize) -> Figures {
     let end = state.inner.streams_end.clone();
     let server = tokio::spawn(async move {
         let stop = end.clone();
-        axum::serve(listener, router(state))
+        axum::serve(no_delay(listener), router(state))
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await
             .expect("serve");
     });
+    // One client for every agent (its clones share one connection pool), built before the clock
+    // starts, as a program driving many agents would: building a `reqwest` client loads the
+    // system's root certificates (~150 files), which is set-up, not the server's cost per turn.
+    let client = reqwest::Client::new();
+    let cpu = process_cpu();
     let start = Instant::now();
     let tasks: Vec<_> = (0..agents)
-        .map(|i| tokio::spawn(http_agent(base.clone(), i, turns)))
+        .map(|i| tokio::spawn(http_agent(client.clone(), base.clone(), i, turns)))
         .collect();
     let mut acks = Vec::new();
     for t in tasks {
         acks.extend(t.await.expect("client task"));
     }
     let elapsed = start.elapsed();
+    let cpu = process_cpu() - cpu;
     host.shutdown().await;
     server.abort();
     store.close().await.expect("close");
     Figures {
         turns: agents * turns,
         elapsed,
+        cpu,
         acks,
     }
 }
 
 fn main() {
-    let agents = size("DSH_BENCH_AGENTS", 50);
-    let turns = size("DSH_BENCH_TURNS", 20);
+    let agents = size("DSH_BENCH_AGENTS", 200);
+    let turns = size("DSH_BENCH_TURNS", 50);
     let only = std::env::var("DSH_BENCH_ONLY").ok();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -259,8 +298,9 @@ fn main() {
             }
         });
         println!(
-            "{only}: {agents} agents x {turns} turns: {:.0} turns/s, ack p50 {:.3} ms",
+            "{only}: {agents} agents x {turns} turns: {:.0} turns/s, {:.0} us CPU/turn, ack p50 {:.3} ms",
             f.turns_per_sec(),
+            f.cpu_us_per_turn(),
             f.ack_ms(0.5)
         );
         return;
@@ -278,8 +318,8 @@ fn main() {
     });
     println!("sim workload: {agents} agents x {turns} turns, SQLite, instant 20-token replies");
     println!(
-        "{:<18} {:>10} {:>14} {:>14}",
-        "path", "turns/s", "ack p50 (ms)", "ack p99 (ms)"
+        "{:<18} {:>10} {:>14} {:>14} {:>14}",
+        "path", "turns/s", "CPU/turn (us)", "ack p50 (ms)", "ack p99 (ms)"
     );
     let rows = [
         ("Host API", &mut host),
@@ -288,16 +328,22 @@ fn main() {
     ];
     let mut tps = Vec::new();
     for (name, f) in rows {
-        let (t, p50, p99) = (f.turns_per_sec(), f.ack_ms(0.5), f.ack_ms(0.99));
-        println!("{name:<18} {t:>10.0} {p50:>14.3} {p99:>14.3}");
-        tps.push((t, p50, p99));
+        let (t, cpu, p50, p99) = (
+            f.turns_per_sec(),
+            f.cpu_us_per_turn(),
+            f.ack_ms(0.5),
+            f.ack_ms(0.99),
+        );
+        println!("{name:<18} {t:>10.0} {cpu:>14.0} {p50:>14.3} {p99:>14.3}");
+        tps.push((t, cpu, p50, p99));
     }
     for (name, base) in [("Host API", tps[0]), ("Host + subscriber", tps[1])] {
         println!(
-            "HTTP / {name}: turns/s {:.2}x, ack p50 {:.2}x, ack p99 {:.2}x",
+            "HTTP / {name}: turns/s {:.2}x, CPU/turn {:.2}x, ack p50 {:.2}x, ack p99 {:.2}x",
             tps[2].0 / base.0,
             tps[2].1 / base.1,
-            tps[2].2 / base.2
+            tps[2].2 / base.2,
+            tps[2].3 / base.3
         );
     }
 }

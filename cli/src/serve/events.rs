@@ -7,21 +7,24 @@
 //! `follow=false` ends at the last event durable when the request came.
 //!
 //! A slow client never slows the agent nor grows memory: the agent publishes into a bounded buffer
-//! per subscriber, and a producer task moves events into a small bounded channel the response
-//! drains. When the client falls so far behind that the buffer overflows, the stream ends with an
-//! `event: resume` whose data names the last seq sent; reconnecting with `Last-Event-ID` (what a
-//! browser's `EventSource` does on its own) replays the rest from the store.
+//! per subscriber, which the response body of a live session reads itself, only as fast as the
+//! connection takes its chunks. When the client falls so far behind that the buffer overflows, the
+//! stream ends with an `event: resume` whose data names the last seq sent; reconnecting with
+//! `Last-Event-ID` (what a browser's `EventSource` does on its own) replays the rest from the store.
 //!
-//! Each event is formatted once, in the producer task, into the bytes of its SSE frame; the response
-//! body sends every frame ready at once as one chunk (up to `BATCH_BYTES_MAX`), so a client that
-//! keeps up gets a turn's events in a few writes rather than one write per event.
+//! Each event is formatted once, straight into the chunk being built: every event already published
+//! when the body is polled joins one chunk (up to `BATCH_BYTES_MAX`), so a client that keeps up
+//! gets a turn's events in a few writes rather than one write per event, and a burst of events
+//! costs one wake-up of the connection's task. (A session another node hosts is read from the store
+//! by a producer task instead, through a small bounded channel.)
 //!
 //! Open streams are bounded (`--max-streams`, default `DEFAULT_MAX_STREAMS`): past the bound a new
 //! stream gets 503 `too_many_streams` with `Retry-After`, so subscribers cannot grow the server's
-//! memory and tasks without bound either. A stream's slot frees when its producer task ends (the
-//! client went away, the stream ended, or the server drains).
+//! memory and tasks without bound either. A stream's slot frees when it ends: the client went
+//! away, the stream ended, or the server drains.
 
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,8 +42,9 @@ use tracing::Instrument;
 
 use super::error::ApiError;
 use super::state::{AppState, ReadTarget};
+use crate::stored::Opened;
 
-/// Events buffered between the producer task and the response body.
+/// Events buffered between the producer task of a session hosted elsewhere and its response body.
 const CHANNEL_CAPACITY: usize = 64;
 
 /// The most bytes of ready frames joined into one chunk of the response body.
@@ -106,14 +110,14 @@ pub async fn events(
     let slot = Arc::clone(&state.inner.streams)
         .try_acquire_owned()
         .map_err(|_| ApiError::too_many_streams(state.inner.settings.max_streams))?;
-    let rx = match state.read_target(&id).await? {
+    let body = match state.read_target(&id).await? {
         ReadTarget::Live(handle) => live_stream(&state, handle, plan, slot),
-        ReadTarget::Elsewhere(stored) => elsewhere_stream(&state, *stored, plan, slot),
+        ReadTarget::Elsewhere(stored) => Body::from_stream(batched(
+            elsewhere_stream(&state, *stored, plan, slot),
+            state.inner.settings.keep_alive,
+        )),
     };
-    let mut response = Response::new(Body::from_stream(batched(
-        rx,
-        state.inner.settings.keep_alive,
-    )));
+    let mut response = Response::new(body);
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
@@ -123,37 +127,260 @@ pub async fn events(
     Ok(response)
 }
 
-/// The stream of a session live on this node: its log's durable events, then (following) the
-/// events it publishes.
+/// The body of a stream of a session live on this node: its log's durable events, then
+/// (following) the events it publishes.
+///
+/// The response body reads the agent's subscription itself: no task or channel sits between them,
+/// so a burst of durable events costs one wake-up of the connection's task, which formats every
+/// event already published straight into one chunk (up to `BATCH_BYTES_MAX`) and writes it. The
+/// body is polled only when the connection can take more, so a client that stops reading leaves
+/// the events in the subscription's bounded buffer; once that overflows, the stream ends with the
+/// `resume` event, and the agent is never slowed.
 fn live_stream(
     state: &AppState,
     handle: AgentHandle,
     plan: Plan,
     slot: tokio::sync::OwnedSemaphorePermit,
-) -> mpsc::Receiver<Frame> {
+) -> Body {
+    // Subscribed before the log is read: nothing published in between is missed.
     let subscription = plan.follow.then(|| handle.subscribe());
-    let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
-    let end = state.inner.streams_end.clone();
     let gauge = state.inner.metrics.sse_subscribers.clone();
     gauge.inc();
-    let store = state.store().clone();
-    let producer = async move {
-        let _open = OpenStream(gauge);
-        let _slot = slot;
-        let next = match replay(&handle, plan.from, &tx).await {
-            Some(next) => next,
-            None => return,
-        };
-        if let Some(sub) = subscription {
-            tokio::select! {
-                () = follow(&handle, store.store(), sub, next, &tx) => {}
-                () = end.cancelled() => {}
-                () = tx.closed() => {}
+    let keep_alive = state.inner.settings.keep_alive;
+    let live = Live {
+        handle,
+        store: state.store().clone(),
+        sub: subscription,
+        phase: Phase::Start { from: plan.from },
+        end: Box::pin(state.inner.streams_end.clone().cancelled_owned()),
+        keep_alive,
+        tick: Box::pin(tokio::time::sleep(keep_alive)),
+        last_sent: tokio::time::Instant::now(),
+        _open: OpenStream(gauge),
+        _slot: slot,
+    };
+    let span = tracing::Span::current();
+    let chunks = futures::stream::unfold(live, move |mut live| {
+        let span = span.clone();
+        async move {
+            let chunk = live.next_chunk().instrument(span).await?;
+            live.last_sent = tokio::time::Instant::now();
+            Some((Ok::<_, Infallible>(chunk), live))
+        }
+    });
+    Body::from_stream(chunks)
+}
+
+/// Where a live stream is.
+enum Phase {
+    /// The log is not read yet; the first seq to send is `from`.
+    Start { from: u64 },
+    /// Sending the durable events of `log` from index `at`, below seq `durable`, from seq `from`
+    /// on; then following (with a subscription) from `next`.
+    Replay {
+        log: Vec<Event>,
+        at: usize,
+        from: u64,
+        durable: u64,
+        next: u64,
+    },
+    /// Following the subscription; the next seq to send is `next`.
+    Follow { next: u64 },
+    /// Ended.
+    Done,
+}
+
+/// A live stream's state between polls of its response body.
+struct Live {
+    handle: AgentHandle,
+    store: Opened,
+    /// `None` with `follow=false`.
+    sub: Option<Subscription>,
+    phase: Phase,
+    /// Fires when streams must end (the host stopped).
+    end: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    keep_alive: Duration,
+    /// Wakes the body when a keep-alive may be due; only moved when it fires, so a busy stream
+    /// does not touch the timer for every chunk.
+    tick: Pin<Box<tokio::time::Sleep>>,
+    /// When the last chunk went out.
+    last_sent: tokio::time::Instant,
+    _open: OpenStream,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Live {
+    /// The next chunk of the body; `None` ends it.
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        loop {
+            match std::mem::replace(&mut self.phase, Phase::Done) {
+                Phase::Done => return None,
+                Phase::Start { from } => self.phase = self.start(from).await?,
+                Phase::Replay {
+                    log,
+                    mut at,
+                    from,
+                    durable,
+                    mut next,
+                } => {
+                    let mut chunk = Vec::new();
+                    while let Some(event) = log.get(at) {
+                        if chunk.len() >= BATCH_BYTES_MAX {
+                            break;
+                        }
+                        at += 1;
+                        if event.seq >= from && event.seq < durable {
+                            push_frame(&mut chunk, event, event.to_json().as_bytes());
+                            next = event.seq + 1;
+                        }
+                    }
+                    self.phase = if at < log.len() {
+                        Phase::Replay {
+                            log,
+                            at,
+                            from,
+                            durable,
+                            next,
+                        }
+                    } else if self.sub.is_some() {
+                        Phase::Follow {
+                            next: next.max(from.min(durable)),
+                        }
+                    } else {
+                        Phase::Done
+                    };
+                    if !chunk.is_empty() {
+                        return Some(Bytes::from(chunk));
+                    }
+                }
+                Phase::Follow { next } => {
+                    let mut chunk = Vec::new();
+                    self.phase = self.follow(next, &mut chunk).await;
+                    if !chunk.is_empty() {
+                        return Some(Bytes::from(chunk));
+                    }
+                }
             }
         }
-    };
-    tokio::spawn(producer.instrument(tracing::Span::current()));
-    rx
+    }
+
+    /// Reads the log: the replay of the durable events from `from` on. `None` when the log cannot
+    /// be read (the stream ends).
+    async fn start(&mut self, from: u64) -> Option<Phase> {
+        let log = self.handle.log().await.ok()?;
+        let status = self.handle.status().await.ok()?;
+        let mut durable = status.durable_seq;
+        let logged = log.last().map_or(0, |e| e.seq + 1);
+        if durable < logged && status.status == Status::Idle {
+            // Events handed to the writer before the subscription opened are never published to
+            // it. A running agent writes more (at least its `turn/end`), and the gap before that
+            // is read from the log then; an idle one writes nothing more, so wait for these to be
+            // durable.
+            self.handle.when_idle().await.ok()?;
+            durable = logged;
+        }
+        Some(Phase::Replay {
+            log,
+            at: 0,
+            from,
+            durable,
+            next: from,
+        })
+    }
+
+    /// Waits for what the agent publishes and frames into `chunk` every durable event from seq
+    /// `next` on that is ready (at least one, unless a keep-alive is due or the stream ends);
+    /// returns the phase after it.
+    async fn follow(&mut self, mut next: u64, chunk: &mut Vec<u8>) -> Phase {
+        let Some(sub) = self.sub.as_mut() else {
+            return Phase::Done;
+        };
+        let first = tokio::select! {
+            observation = sub.next() => observation,
+            () = self.end.as_mut() => {
+                // The host stopped: send what it published before, then end.
+                while let Some(observation) = self.sub.as_mut().and_then(Subscription::try_next) {
+                    match self.take(observation, next, chunk).await {
+                        Some(n) => next = n,
+                        None => break,
+                    }
+                }
+                return Phase::Done;
+            }
+            () = self.tick.as_mut() => {
+                let due = self.last_sent + self.keep_alive;
+                let now = tokio::time::Instant::now();
+                if due <= now {
+                    chunk.extend_from_slice(KEEP_ALIVE);
+                    self.tick.as_mut().reset(now + self.keep_alive);
+                } else {
+                    self.tick.as_mut().reset(due);
+                }
+                return Phase::Follow { next };
+            }
+        };
+        let Some(first) = first else {
+            // The agent is gone.
+            return Phase::Done;
+        };
+        match self.take(first, next, chunk).await {
+            Some(n) => next = n,
+            None => return Phase::Done,
+        }
+        // Every other item already published joins the same chunk.
+        while chunk.len() < BATCH_BYTES_MAX {
+            let Some(observation) = self.sub.as_mut().and_then(Subscription::try_next) else {
+                break;
+            };
+            match self.take(observation, next, chunk).await {
+                Some(n) => next = n,
+                None => return Phase::Done,
+            }
+        }
+        Phase::Follow { next }
+    }
+
+    /// Frames `observation` into `chunk` when it is the durable event of seq `next` or later
+    /// (filling a gap before it from the log); returns the next seq to send, or `None` when the
+    /// stream must end (after a `resume` event when the client fell behind).
+    async fn take(
+        &mut self,
+        observation: Observation,
+        next: u64,
+        chunk: &mut Vec<u8>,
+    ) -> Option<u64> {
+        match observation {
+            Observation::Item(Observed::Event { event, json, .. }) => {
+                if event.seq < next {
+                    return Some(next);
+                }
+                if event.seq > next {
+                    // Events already handed to the writer when the subscription opened are not
+                    // published to it; they are durable now (seqs become durable in order), so
+                    // the log has them.
+                    if fill_gap(&self.handle, self.store.store(), next, event.seq, chunk)
+                        .await
+                        .is_none()
+                    {
+                        chunk.extend_from_slice(&resume_event(next));
+                        return None;
+                    }
+                }
+                push_frame(chunk, &event, &json);
+                Some(event.seq + 1)
+            }
+            Observation::Item(_) => Some(next),
+            Observation::Lagged(n) => {
+                tracing::debug!(
+                    missed = n,
+                    next,
+                    "event stream lagged; telling the client to resume"
+                );
+                chunk.extend_from_slice(&resume_event(next));
+                None
+            }
+        }
+    }
 }
 
 /// How often the stream of a session hosted elsewhere reads the store for new events.
@@ -244,24 +471,26 @@ impl Drop for OpenStream {
 
 /// The SSE frame of a durable event: `id:` its seq, `event:` its type, `data:` its v0 JSON.
 fn sse_event(event: &Event) -> Frame {
-    sse_frame(event, event.to_json().as_bytes())
+    let json = event.to_json();
+    let mut frame = Vec::with_capacity(json.len() + 64);
+    push_frame(&mut frame, event, json.as_bytes());
+    Bytes::from(frame)
 }
 
-/// The SSE frame of a durable event whose v0 JSON is `json` (published with the event: the bytes
-/// the store keeps, so a live event is not serialised a second time).
-fn sse_frame(event: &Event, json: &[u8]) -> Frame {
+/// Appends the SSE frame of a durable event whose v0 JSON is `json` (for a live event, the bytes
+/// the store keeps, published with it: it is not serialised a second time).
+fn push_frame(frame: &mut Vec<u8>, event: &Event, json: &[u8]) {
     let kind = event.kind();
-    let mut frame = Vec::with_capacity(json.len() + kind.len() + 48);
+    frame.reserve(json.len() + kind.len() + 48);
     // Built by hand rather than with `write!`: the formatting machinery cost more than the copy
     // of the JSON itself (callgrind of `DSH_BENCH_ONLY=http`).
     frame.extend_from_slice(b"id: ");
-    push_decimal(&mut frame, event.seq);
+    push_decimal(frame, event.seq);
     frame.extend_from_slice(b"\nevent: ");
     frame.extend_from_slice(kind.as_bytes());
     frame.push(b'\n');
-    push_data(&mut frame, json);
+    push_data(frame, json);
     frame.push(b'\n');
-    Bytes::from(frame)
 }
 
 /// Appends `n` in decimal.
@@ -301,81 +530,14 @@ fn push_data(frame: &mut Vec<u8>, data: &[u8]) {
     }
 }
 
-/// Sends the durable events from `from` on; returns the next seq to send, or `None` when the
-/// client went away or the log cannot be read (the stream then ends).
-async fn replay(handle: &AgentHandle, from: u64, tx: &mpsc::Sender<Frame>) -> Option<u64> {
-    let log = handle.log().await.ok()?;
-    let status = handle.status().await.ok()?;
-    let mut durable = status.durable_seq;
-    let logged = log.last().map_or(0, |e| e.seq + 1);
-    if durable < logged && status.status == Status::Idle {
-        // Events handed to the writer before the subscription opened are never published to it.
-        // A running agent writes more (at least its `turn/end`), and the gap before that is read
-        // from the log then; an idle one writes nothing more, so wait for these to be durable.
-        handle.when_idle().await.ok()?;
-        durable = logged;
-    }
-    let mut next = from;
-    for event in log.iter().filter(|e| e.seq >= from && e.seq < durable) {
-        tx.send(sse_event(event)).await.ok()?;
-        next = event.seq + 1;
-    }
-    Some(next.max(from.min(durable)))
-}
-
-/// Follows live durable events from seq `next` until the agent goes away or the client lags.
-async fn follow(
-    handle: &AgentHandle,
-    store: &dyn SessionStore,
-    mut sub: Subscription,
-    mut next: u64,
-    tx: &mpsc::Sender<Frame>,
-) {
-    while let Some(observation) = sub.next().await {
-        match observation {
-            Observation::Item(Observed::Event { event, json, .. }) => {
-                if event.seq < next {
-                    continue;
-                }
-                if event.seq > next {
-                    // Events already handed to the writer when the subscription opened are not
-                    // published to it; they are durable now (seqs become durable in order), so the
-                    // log has them.
-                    match fill_gap(handle, store, next, event.seq, tx).await {
-                        Some(()) => next = event.seq,
-                        None => {
-                            let _ = tx.send(resume_event(next)).await;
-                            return;
-                        }
-                    }
-                }
-                if tx.send(sse_frame(&event, &json)).await.is_err() {
-                    return;
-                }
-                next += 1;
-            }
-            Observation::Item(_) => {}
-            Observation::Lagged(n) => {
-                tracing::debug!(
-                    missed = n,
-                    next,
-                    "event stream lagged; telling the client to resume"
-                );
-                let _ = tx.send(resume_event(next)).await;
-                return;
-            }
-        }
-    }
-}
-
-/// Sends the events `from..to` from the agent's log (or, when the agent is stopping, from the
-/// store: they are durable); `None` when neither has them or the client went away.
+/// Frames the events `from..to` from the agent's log (or, when the agent is stopping, from the
+/// store: they are durable) into `chunk`; `None` when neither has them.
 async fn fill_gap(
     handle: &AgentHandle,
     store: &dyn SessionStore,
     from: u64,
     to: u64,
-    tx: &mpsc::Sender<Frame>,
+    chunk: &mut Vec<u8>,
 ) -> Option<()> {
     let log = match handle.log().await {
         Ok(log) if log.len() as u64 >= to => log,
@@ -385,7 +547,7 @@ async fn fill_gap(
     let end = usize::try_from(to).ok()?;
     let missing = log.get(start..end)?;
     for event in missing {
-        tx.send(sse_event(event)).await.ok()?;
+        push_frame(chunk, event, event.to_json().as_bytes());
     }
     Some(())
 }

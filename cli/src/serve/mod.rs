@@ -192,7 +192,7 @@ async fn serve(state: AppState, addr: SocketAddr) -> Result<(), CliError> {
     eprintln!("dsh serve: listening on http://{local}");
     tracing::info!(%local, "listening");
     let app = router::router(state.clone());
-    let result = axum::serve(listener, app)
+    let result = axum::serve(router::no_delay(listener), app)
         .with_graceful_shutdown(drain_on_signal(state.clone()))
         .await
         .map_err(|e| CliError::Failed(format!("serving: {e}")));

@@ -3,7 +3,7 @@
 //! `/v1` routes sit behind the bearer-token check; `/healthz`, `/readyz` and `/metrics` do not, so
 //! a load balancer or scraper needs no token. Every request runs inside a span with its request id,
 //! method, path and, for a session's routes, the session id, so every event its handler (and an
-//! event stream's producer task) logs names the session.
+//! event stream's body) logs names the session.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -13,6 +13,7 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
+use axum::serve::{ListenerExt, TapIo};
 use tracing::Instrument;
 
 use super::error::ApiError;
@@ -26,32 +27,34 @@ pub const IMPORT_BYTES_MAX: usize = 256 << 20;
 
 /// The whole router over `state`.
 pub fn router(state: AppState) -> Router {
+    // The `/v1` routes are written out whole rather than nested under `/v1`: a nested route
+    // rewrites every request's URI to strip the prefix, which no handler here needs.
     let v1 = Router::new()
-        .route("/sessions", post(sessions::create).get(sessions::list))
+        .route("/v1/sessions", post(sessions::create).get(sessions::list))
         .route(
-            "/sessions/import",
+            "/v1/sessions/import",
             post(sessions::import_session).layer(DefaultBodyLimit::max(IMPORT_BYTES_MAX)),
         )
-        .route("/sessions/{id}", get(sessions::get))
-        .route("/sessions/{id}/followup", post(input::followup))
-        .route("/sessions/{id}/steer", post(input::steer))
-        .route("/sessions/{id}/inject", post(input::inject))
-        .route("/sessions/{id}/cancel", post(input::cancel))
+        .route("/v1/sessions/{id}", get(sessions::get))
+        .route("/v1/sessions/{id}/followup", post(input::followup))
+        .route("/v1/sessions/{id}/steer", post(input::steer))
+        .route("/v1/sessions/{id}/inject", post(input::inject))
+        .route("/v1/sessions/{id}/cancel", post(input::cancel))
         .route(
-            "/sessions/{id}/inbox/{message_id}",
+            "/v1/sessions/{id}/inbox/{message_id}",
             put(input::replace).delete(input::remove),
         )
-        .route("/sessions/{id}/events", get(events::events))
-        .route("/sessions/{id}/messages", get(sessions::messages))
-        .route("/sessions/{id}/export", get(sessions::export_session))
-        .route("/sessions/{id}/compact", post(sessions::compact))
-        .route("/openapi.json", get(openapi::openapi_json))
+        .route("/v1/sessions/{id}/events", get(events::events))
+        .route("/v1/sessions/{id}/messages", get(sessions::messages))
+        .route("/v1/sessions/{id}/export", get(sessions::export_session))
+        .route("/v1/sessions/{id}/compact", post(sessions::compact))
+        .route("/v1/openapi.json", get(openapi::openapi_json))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,
         ));
     Router::new()
-        .nest("/v1", v1)
+        .merge(v1)
         .route("/", get(page::index))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -60,6 +63,20 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .layer(middleware::from_fn(request_span))
         .with_state(state)
+}
+
+/// The connections `listener` accepts, with `TCP_NODELAY` set: an event stream writes a chunk as
+/// soon as events are durable, and Nagle's algorithm would hold one back while the previous one is
+/// unacknowledged.
+pub fn no_delay(
+    listener: tokio::net::TcpListener,
+) -> TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)> {
+    fn set(tcp: &mut tokio::net::TcpStream) {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
+        }
+    }
+    listener.tap_io(set as fn(&mut tokio::net::TcpStream))
 }
 
 /// Numbers requests for their spans.
