@@ -24,7 +24,7 @@ use dsh::session::event::SessionHeader;
 use dsh::session::invariant;
 use dsh::session::repair::interrupted_turn_closers;
 use dsh::session::store::memory::MemoryStore;
-use dsh::session::store::sqlite::{SqliteConfig, SqliteStore};
+use dsh::session::store::sqlite::{DB_FILE_NAME, SqliteConfig, SqliteStore};
 use dsh::session::store::{EncodedEvent, SessionStore, StoreError};
 use dsh::session::{Event, Session};
 use dsh::{Limits, SessionId};
@@ -194,6 +194,49 @@ async fn sixty_four_concurrent_writers_lose_nothing_across_reopen() {
     reopened.close().await.unwrap();
 }
 
+/// `n_sessions` sessions `{prefix}-{w}`, each written `n_turns` turns by a task of its own, all at
+/// once.
+async fn write_sessions_at_once(
+    store: &Arc<SqliteStore>,
+    prefix: &str,
+    n_sessions: usize,
+    n_turns: usize,
+) {
+    let mut tasks = Vec::new();
+    for w in 0..n_sessions {
+        let id = sid(&format!("{prefix}-{w}"));
+        store.create(&header(&id)).await.unwrap();
+        let store = Arc::clone(store);
+        tasks.push(tokio::spawn(async move {
+            let mut writer = TurnWriter::new(id, 200);
+            write_turns(&*store, &mut writer, n_turns).await;
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+/// Reopens the store in `dir` and checks that every session `write_sessions_at_once` wrote holds
+/// exactly its turns, nothing repaired.
+async fn assert_sessions_reload(dir: &Path, prefix: &str, n_sessions: usize, n_turns: usize) {
+    let reopened = open(dir);
+    for w in 0..n_sessions {
+        let id = sid(&format!("{prefix}-{w}"));
+        let loaded = reopened.load(&id).await.unwrap();
+        let mut replay = TurnWriter::new(id.clone(), 200);
+        let mut want = Vec::new();
+        for _ in 0..n_turns {
+            for batch in replay.turn_batches() {
+                want.extend(to_json(&batch));
+            }
+        }
+        assert_eq!(to_json(&loaded.events), want, "{prefix}-{w}");
+        assert_eq!(loaded.n_repaired, 0);
+    }
+    reopened.close().await.unwrap();
+}
+
 /// Checkpoints run beside the commits on their own connection: with a checkpoint due after every
 /// group, concurrent writers still lose nothing, the rows reach the database file itself, and a
 /// close waits for the running checkpoint.
@@ -205,42 +248,54 @@ async fn checkpoints_beside_the_commits_lose_nothing() {
         ..SqliteConfig::default()
     };
     let store = Arc::new(SqliteStore::open(dir.path(), config).expect("open"));
-    const N_SESSIONS: usize = 16;
-    const N_TURNS: usize = 4;
-    let mut tasks = Vec::new();
-    for w in 0..N_SESSIONS {
-        let id = sid(&format!("ck-{w}"));
-        store.create(&header(&id)).await.unwrap();
-        let store = Arc::clone(&store);
-        tasks.push(tokio::spawn(async move {
-            let mut writer = TurnWriter::new(id, 200);
-            write_turns(&*store, &mut writer, N_TURNS).await;
-        }));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
+    write_sessions_at_once(&store, "ck", 16, 4).await;
     let stats = store.stats();
     assert!(stats.n_checkpoints >= 1, "{stats:?}");
     assert!(stats.n_checkpoints <= stats.n_groups, "{stats:?}");
+    assert_eq!(stats.n_wal_restarts, 0, "{stats:?}");
     store.close().await.unwrap();
     assert_eq!(store.poisoned(), None);
+    assert_sessions_reload(dir.path(), "ck", 16, 4).await;
+}
 
-    let reopened = open(dir.path());
-    for w in 0..N_SESSIONS {
-        let id = sid(&format!("ck-{w}"));
-        let loaded = reopened.load(&id).await.unwrap();
-        let mut replay = TurnWriter::new(id.clone(), 200);
-        let mut want = Vec::new();
-        for _ in 0..N_TURNS {
-            for batch in replay.turn_batches() {
-                want.extend(to_json(&batch));
-            }
-        }
-        assert_eq!(to_json(&loaded.events), want, "ck-{w}");
-        assert_eq!(loaded.n_repaired, 0);
-    }
-    reopened.close().await.unwrap();
+/// Under commits that never pause, the passive checkpoints never let SQLite start the WAL over
+/// (each ends behind the commits made while it ran), so the writer truncates it itself every
+/// `wal_restart_after_bytes`: the restarts are counted, one per bound's worth of bytes at least,
+/// the `-wal` file stays near the bound while many times the bound is written, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wal_is_truncated_every_wal_restart_after_bytes_under_sustained_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    const BOUND: u64 = 64 << 10;
+    let config = SqliteConfig {
+        checkpoint_after_bytes: 16 << 10,
+        wal_restart_after_bytes: BOUND,
+        ..SqliteConfig::default()
+    };
+    let store = Arc::new(SqliteStore::open(dir.path(), config).expect("open"));
+    write_sessions_at_once(&store, "wal", 16, 50).await;
+    let stats = store.stats();
+    // What a group can add past the bound: one batch of every session at most (each session's
+    // task waits for its batch before writing the next).
+    let group_max = 16 * (8 << 10);
+    assert!(stats.n_bytes_committed > 32 * BOUND, "{stats:?}");
+    assert!(
+        stats.n_wal_restarts >= stats.n_bytes_committed / (BOUND + group_max),
+        "{stats:?}"
+    );
+    assert!(stats.n_wal_restarts >= 1, "{stats:?}");
+    // The WAL holds the pages of the commits since the last restart only: ~0.5 MB here, against
+    // ~20 MB (about four WAL bytes an event byte) when nothing truncates it.
+    let wal = std::fs::metadata(dir.path().join(format!("{DB_FILE_NAME}-wal")))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let written_wal_at_least = stats.n_bytes_committed;
+    assert!(
+        wal < written_wal_at_least / 2,
+        "wal {wal} bytes after {stats:?}"
+    );
+    store.close().await.unwrap();
+    assert_eq!(store.poisoned(), None);
+    assert_sessions_reload(dir.path(), "wal", 16, 50).await;
 }
 
 /// Everything queued while a commit runs forms exactly one next group (one transaction, one sync),

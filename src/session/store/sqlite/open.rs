@@ -352,6 +352,7 @@ impl SqliteStore {
             db,
             _lock: lock,
             wal_bytes_since_checkpoint: 0,
+            wal_bytes_since_restart: 0,
         };
         let task = runtime.spawn(run_writer(Arc::clone(&shared), rx, writer));
         debug!(dir = %shared.dir.display(), "session store opened");

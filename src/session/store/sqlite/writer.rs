@@ -9,7 +9,10 @@
 //! runs beside the commits, on a connection of its own (`run_checkpoint`): it copies WAL pages into
 //! the database and syncs it, which took 50–60 ms per 16 MiB here, and commits must not wait for it
 //! (they did until 2026-11-30, which put every acknowledgement queued meanwhile behind it). At most
-//! one checkpoint runs at a time; a close waits for it. Running the commit under `spawn_blocking` rather than on a thread of our own keeps tokio's
+//! one checkpoint runs at a time; a close waits for it. A passive checkpoint cannot let SQLite start
+//! the WAL over while commits keep coming (it ends behind the commits made while it ran), so every
+//! `wal_restart_after_bytes` the writer itself checkpoints the whole WAL and truncates it between
+//! two groups (`restart_wal_if_due`), which bounds the `-wal` file under sustained load. Running the commit under `spawn_blocking` rather than on a thread of our own keeps tokio's
 //! paused test clock from jumping while an fsync runs (STYLE §5, tokio#5115).
 //!
 //! What must stay true: requests reach this queue already validated and reserved (`sqlite/mod.rs`), so a
@@ -84,6 +87,8 @@ pub(super) struct Writer {
     /// The exclusive lock on `LOCK_FILE_NAME`, held (never read) until the writer stops.
     pub(super) _lock: File,
     pub(super) wal_bytes_since_checkpoint: u64,
+    /// WAL bytes written since the writer last truncated the WAL (`restart_wal`).
+    pub(super) wal_bytes_since_restart: u64,
 }
 
 /// The writer task: owns the queue; one blocking commit job at a time, and at most one checkpoint
@@ -117,9 +122,11 @@ pub(super) async fn run_writer(
                         w
                     });
                     match job.await {
-                        Ok(mut w) => {
-                            checkpointer.start_if_due(&shared, &mut w);
-                            writer = Some(w);
+                        Ok(w) => {
+                            writer = restart_wal_if_due(&shared, &mut checkpointer, w).await;
+                            if let Some(w) = writer.as_mut() {
+                                checkpointer.start_if_due(&shared, w);
+                            }
                         }
                         // The group's waiters see their reply channels dropped.
                         Err(e) => shared.poison(format!("the commit job failed: {e}")),
@@ -209,6 +216,7 @@ fn commit_group(shared: &Shared, writer: &mut Writer, group: Vec<Request>) {
                 }
             }
             writer.wal_bytes_since_checkpoint += n_bytes;
+            writer.wal_bytes_since_restart += n_bytes;
         }
         Err(e) => {
             let cause = format!(
@@ -305,6 +313,77 @@ impl Checkpointer {
         if let Some(job) = self.running.take() {
             drop(job.await);
         }
+    }
+}
+
+/// Checkpoints the whole WAL and truncates it once `wal_restart_after_bytes` were written since
+/// the last time, between two groups: the running passive checkpoint is waited for, and the next
+/// group waits for this one (it copies what the passive ones have not, about one
+/// `checkpoint_after_bytes` at most, and syncs). `None` if the blocking job itself failed (the
+/// store is poisoned).
+async fn restart_wal_if_due(
+    shared: &Arc<Shared>,
+    checkpointer: &mut Checkpointer,
+    writer: Writer,
+) -> Option<Writer> {
+    if writer.wal_bytes_since_restart < shared.config.wal_restart_after_bytes
+        || shared.poison.get().is_some()
+    {
+        return Some(writer);
+    }
+    checkpointer.finish().await;
+    let job_shared = Arc::clone(shared);
+    let job = tokio::task::spawn_blocking(move || {
+        let mut writer = writer;
+        restart_wal(&job_shared, &mut writer);
+        writer
+    });
+    match job.await {
+        Ok(writer) => Some(writer),
+        Err(e) => {
+            shared.poison(format!("the WAL restart job failed: {e}"));
+            None
+        }
+    }
+}
+
+/// `wal_checkpoint(TRUNCATE)` on the writer's connection, with no commit and no other checkpoint
+/// running: every WAL frame is copied into the database, the database synced, and the WAL file
+/// truncated, so the next commit starts it over. A reader still reading from the WAL after the busy
+/// timeout makes it report busy: nothing is lost, and it is tried again one
+/// `checkpoint_after_bytes` later. A failure poisons, as any checkpoint's does.
+fn restart_wal(shared: &Shared, writer: &mut Writer) {
+    let started = Instant::now();
+    let result: rusqlite::Result<(i64, i64, i64)> =
+        writer
+            .db
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            });
+    match result {
+        Ok((busy, n_wal_frames, n_checkpointed)) => {
+            debug!(
+                busy,
+                n_wal_frames,
+                n_checkpointed,
+                restart_us = started.elapsed().as_micros() as u64,
+                "wal truncated"
+            );
+            if busy == 0 {
+                shared
+                    .counters
+                    .n_wal_restarts
+                    .fetch_add(1, Ordering::SeqCst);
+                writer.wal_bytes_since_restart = 0;
+                writer.wal_bytes_since_checkpoint = 0;
+            } else {
+                writer.wal_bytes_since_restart = shared
+                    .config
+                    .wal_restart_after_bytes
+                    .saturating_sub(shared.config.checkpoint_after_bytes);
+            }
+        }
+        Err(e) => shared.poison(format!("wal truncation failed: {}", describe(&e))),
     }
 }
 
