@@ -194,6 +194,102 @@ async fn ten_thousand_hibernated_agents_stay_small() {
     store.close().await.expect("store closes");
 }
 
+/// Waits until every agent in `agents` reports hibernated.
+async fn all_hibernated(agents: &[AgentHandle]) {
+    for a in agents {
+        while !hibernated(a).await {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// What a hibernated agent keeps, counted exactly (live heap, not RSS): 2,000 agents made as
+/// `dsh sim` makes them (one config, a system prompt, created one after the other), hibernated,
+/// then one turn each all at once (a burst), hibernated again. Nothing of the awake phase may
+/// survive hibernation: the live heap after the burst equals the heap after creation, up to the
+/// tables that grew with the number of agents awake at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hibernated_agent_keeps_nothing_of_its_turn() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Arc::new(SqliteStore::open(dir.path(), SqliteConfig::default()).expect("store"));
+    let sim = SimConfig {
+        reply_tokens_min: 20,
+        reply_tokens_max: 20,
+        ..SimConfig::instant(7)
+    };
+    let mut providers = ProviderRegistry::new();
+    providers.register(Arc::new(SimProvider::new(sim).expect("sim config")));
+    let host = Host::builder(Arc::clone(&store) as Arc<dyn SessionStore>)
+        .providers(providers)
+        .config(HostConfig {
+            hibernate_after: Some(Duration::from_millis(20)),
+            ..HostConfig::default()
+        })
+        .start()
+        .await
+        .expect("host");
+    let mut config = AgentConfig::new("sim", "sim-1");
+    config.system = Some("You are a simulated agent under load.".to_string());
+    let burst = |agents: Vec<AgentHandle>| async move {
+        let sends = agents.iter().map(|a| a.followup(user("hello")));
+        for r in futures::future::join_all(sends).await {
+            r.expect("followup acked");
+        }
+        for r in futures::future::join_all(agents.iter().map(|a| a.when_idle())).await {
+            r.expect("idle");
+        }
+        all_hibernated(&agents).await;
+        agents
+    };
+    // Warm up: the runtime's, the store's and the registry's tables grow to their working size.
+    let mut warm = Vec::new();
+    for _ in 0..2_500 {
+        warm.push(
+            host.create(AgentSpec::new(config.clone()))
+                .await
+                .expect("agent created"),
+        );
+    }
+    let warm = burst(warm).await;
+    drop(warm);
+
+    let n = 2_000;
+    let before = live_bytes();
+    let mut agents = Vec::with_capacity(n);
+    for _ in 0..n {
+        agents.push(
+            host.create(AgentSpec::new(config.clone()))
+                .await
+                .expect("agent created"),
+        );
+    }
+    all_hibernated(&agents).await;
+    let created = (live_bytes() - before) / n as i64;
+    let agents = burst(agents).await;
+    let after_turn = (live_bytes() - before) / n as i64;
+    println!(
+        "live heap per hibernated agent: {created} bytes once created, {after_turn} after a turn in a burst of {n}"
+    );
+    assert!(
+        created <= HIBERNATED_HEAP_MAX,
+        "{created} bytes of heap per hibernated agent (bound {HIBERNATED_HEAP_MAX})"
+    );
+    assert!(
+        after_turn <= created + TURN_LEFTOVER_MAX,
+        "a turn left {} bytes per hibernated agent (created: {created}, after: {after_turn})",
+        after_turn - created
+    );
+    drop(agents);
+    host.shutdown().await;
+    store.close().await.expect("store closes");
+}
+
+/// The live heap of one hibernated agent, registry and store entries included.
+const HIBERNATED_HEAP_MAX: i64 = 4_096;
+/// What a turn may add to it.
+const TURN_LEFTOVER_MAX: i64 = 256;
+
 /// The original's live heap per agent after one turn (SPEC §12).
 const ORIGINAL_HEAP_AFTER_ONE_TURN: i64 = 29_900;
 
