@@ -340,7 +340,6 @@ pub(super) async fn run_agents(
     Ok(SimReport::assemble(
         plan,
         &fleet,
-        sample.observer_bytes,
         turns,
         memory,
         wake,

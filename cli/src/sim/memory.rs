@@ -86,6 +86,8 @@ pub(super) struct MemoryPhase {
     pub(super) bytes_per_agent: Option<u64>,
     /// The same before the trim.
     pub(super) bytes_per_agent_untrimmed: Option<u64>,
+    /// Resident memory the observer's subscription buffers took, left out of the figures above.
+    pub(super) observer_bytes: u64,
 }
 
 /// Waits until the agents hibernated and measures what they hold against `rss_before_bytes`, the
@@ -114,6 +116,7 @@ pub(super) async fn measure_memory(
         rss_hibernated_bytes,
         bytes_per_agent: per_agent(rss_hibernated_bytes),
         bytes_per_agent_untrimmed: per_agent(rss_untrimmed_bytes),
+        observer_bytes,
     })
 }
 

@@ -164,7 +164,6 @@ impl SimReport {
     pub(super) fn assemble(
         plan: &SimPlan,
         fleet: &Fleet,
-        observer_bytes: u64,
         turns: TurnsPhase,
         memory: MemoryPhase,
         mut wake: WakePhase,
@@ -208,7 +207,7 @@ impl SimReport {
             rss_hibernated_bytes: memory.rss_hibernated_bytes,
             bytes_per_agent: memory.bytes_per_agent,
             bytes_per_agent_untrimmed: memory.bytes_per_agent_untrimmed,
-            observer_bytes,
+            observer_bytes: memory.observer_bytes,
             hibernated_agents: memory.hibernated_agents,
             step_latency_ms: Percentiles::of(&mut observed.step_ns),
             ack_latency_ms: Percentiles::of(&mut ack_ns),
