@@ -286,9 +286,9 @@ async fn a_hibernated_agent_keeps_nothing_of_its_turn() {
 }
 
 /// The live heap of one hibernated agent, registry and store entries included.
-const HIBERNATED_HEAP_MAX: i64 = 4_096;
+const HIBERNATED_HEAP_MAX: i64 = 2_048;
 /// What a turn may add to it.
-const TURN_LEFTOVER_MAX: i64 = 256;
+const TURN_LEFTOVER_MAX: i64 = 64;
 
 /// The original's live heap per agent after one turn (SPEC §12).
 const ORIGINAL_HEAP_AFTER_ONE_TURN: i64 = 29_900;

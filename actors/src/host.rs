@@ -272,6 +272,12 @@ impl Host {
         &self.registry.runtime.metrics
     }
 
+    /// How many agents are registered (live, hibernated, restarting or failed); with
+    /// `Metrics::agents_hibernated`, how many are awake. Costs the same at any number of agents.
+    pub fn n_agents(&self) -> usize {
+        self.registry.agents.len()
+    }
+
     /// Creates a new agent with an empty log.
     ///
     /// # Errors
@@ -408,7 +414,7 @@ impl Host {
         });
         match removed {
             Some((_, record)) => {
-                drop(record.slot.take_dormant());
+                self.registry.forget_dormant(&record.slot);
                 record.slot.set(SlotState::Disposed);
                 true
             }
@@ -441,7 +447,7 @@ impl Host {
                 }
                 SlotState::Dormant => {
                     // Nothing runs; forget the dormant core and read the log back like a crash would.
-                    drop(record.slot.take_dormant());
+                    self.registry.forget_dormant(&record.slot);
                     record.slot.set(SlotState::Restarting);
                 }
                 _ => {}
@@ -488,6 +494,13 @@ impl Registry {
                 *last = Some(Arc::clone(&shared));
                 shared
             }
+        }
+    }
+
+    /// Drops `slot`'s dormant core, if it has one, and counts it out of the hibernated agents.
+    fn forget_dormant(&self, slot: &AgentSlot) {
+        if slot.take_dormant().is_some() {
+            self.runtime.metrics.agent_woken();
         }
     }
 
@@ -550,6 +563,7 @@ impl Registry {
     async fn stop_agent(&self, record: &Arc<AgentRecord>, keep_inbox: bool, timeout: Duration) {
         if keep_inbox && matches!(record.slot.current(), SlotState::Dormant) {
             // Dormant: no activity, everything durable, pending input kept. Nothing to stop.
+            self.forget_dormant(&record.slot);
             record.slot.set(SlotState::Disposed);
             return;
         }
@@ -641,6 +655,8 @@ impl SlotHost for Registry {
         slot: &'a Arc<AgentSlot>,
         core: AgentCore,
     ) -> BoxFuture<'a, Result<(), String>> {
+        // The caller took the dormant core out of the slot.
+        self.runtime.metrics.agent_woken();
         async move {
             let record = self
                 .agents
