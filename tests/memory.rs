@@ -2,8 +2,10 @@
 //! (process RSS delta / count). The goal is at most 16 KiB (SPEC §12), independent of history length.
 //!
 //! The figure is printed (`cargo test --release --test memory -- --nocapture` for the number that
-//! matters: debug builds carry larger futures). The assertion is only a loose regression bound, because
-//! RSS on a shared machine is not an exact measure.
+//! matters: debug builds carry larger futures). The assertion is the goal itself, 16 KiB, about twice
+//! what either build measures (release 4.6 / 6.7 KB, debug 3.8 / 8.4 KB on 2026-12-01), because RSS
+//! on a shared machine is not an exact measure; `a_hibernated_agent_keeps_nothing_of_its_turn`
+//! counts the live heap exactly.
 //!
 //! Also: the live heap of an awake agent after one turn (SPEC §12: at most the original's 29.9 KB),
 //! counted exactly by a global allocator that keeps a running total of live bytes. The tests of
@@ -182,11 +184,11 @@ async fn ten_thousand_hibernated_agents_stay_small() {
     println!("2000 hibernated agents with 3-turn histories: {per_agent_longer} bytes per agent");
 
     assert!(
-        per_agent < 64 * 1024,
+        per_agent <= HIBERNATED_RSS_MAX,
         "{per_agent} bytes per hibernated agent (goal 16 KiB)"
     );
     assert!(
-        per_agent_longer < 64 * 1024,
+        per_agent_longer <= HIBERNATED_RSS_MAX,
         "{per_agent_longer} bytes per hibernated agent with longer histories"
     );
     drop((agents, longer));
@@ -285,8 +287,13 @@ async fn a_hibernated_agent_keeps_nothing_of_its_turn() {
     store.close().await.expect("store closes");
 }
 
-/// The live heap of one hibernated agent, registry and store entries included.
-const HIBERNATED_HEAP_MAX: i64 = 2_048;
+/// RSS per hibernated agent (SPEC §12: 16 KiB).
+const HIBERNATED_RSS_MAX: u64 = 16 * 1024;
+
+/// The live heap of one hibernated agent, registry and store entries included (~1,650 bytes
+/// measured, of which ~380 are the store's session map doubling inside the measured window; one
+/// run of the whole binary went over 2,048, so the bound leaves room for such steps).
+const HIBERNATED_HEAP_MAX: i64 = 3_072;
 /// What a turn may add to it.
 const TURN_LEFTOVER_MAX: i64 = 64;
 
