@@ -185,6 +185,14 @@ impl Inbox {
         Ok(inbox)
     }
 
+    /// Gives back the spare capacity of the queues and the id set (all of it once they are
+    /// empty): a hibernating agent keeps nothing its last turn grew.
+    pub fn shrink_to_fit(&mut self) {
+        self.next_turn.shrink_to_fit();
+        self.next_step.shrink_to_fit();
+        self.ids.shrink_to_fit();
+    }
+
     /// The `next-turn` queue, oldest first.
     pub fn next_turn(&self) -> &VecDeque<Arc<Message>> {
         &self.next_turn

@@ -2,8 +2,10 @@
 //! (process RSS delta / count). The goal is at most 16 KiB (SPEC §12), independent of history length.
 //!
 //! The figure is printed (`cargo test --release --test memory -- --nocapture` for the number that
-//! matters: debug builds carry larger futures). The assertion is only a loose regression bound, because
-//! RSS on a shared machine is not an exact measure.
+//! matters: debug builds carry larger futures). The assertion is the goal itself, 16 KiB, about twice
+//! what either build measures (release 4.6 / 6.7 KB, debug 3.8 / 8.4 KB on 2026-12-01), because RSS
+//! on a shared machine is not an exact measure; `a_hibernated_agent_keeps_nothing_of_its_turn`
+//! counts the live heap exactly.
 //!
 //! Also: the live heap of an awake agent after one turn (SPEC §12: at most the original's 29.9 KB),
 //! counted exactly by a global allocator that keeps a running total of live bytes. The tests of
@@ -182,17 +184,118 @@ async fn ten_thousand_hibernated_agents_stay_small() {
     println!("2000 hibernated agents with 3-turn histories: {per_agent_longer} bytes per agent");
 
     assert!(
-        per_agent < 64 * 1024,
+        per_agent <= HIBERNATED_RSS_MAX,
         "{per_agent} bytes per hibernated agent (goal 16 KiB)"
     );
     assert!(
-        per_agent_longer < 64 * 1024,
+        per_agent_longer <= HIBERNATED_RSS_MAX,
         "{per_agent_longer} bytes per hibernated agent with longer histories"
     );
     drop((agents, longer));
     host.shutdown().await;
     store.close().await.expect("store closes");
 }
+
+/// Waits until every agent in `agents` reports hibernated.
+async fn all_hibernated(agents: &[AgentHandle]) {
+    for a in agents {
+        while !hibernated(a).await {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// What a hibernated agent keeps, counted exactly (live heap, not RSS): 2,000 agents made as
+/// `dsh sim` makes them (one config, a system prompt, created one after the other), hibernated,
+/// then one turn each all at once (a burst), hibernated again. Nothing of the awake phase may
+/// survive hibernation: the live heap after the burst equals the heap after creation, up to the
+/// tables that grew with the number of agents awake at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hibernated_agent_keeps_nothing_of_its_turn() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Arc::new(SqliteStore::open(dir.path(), SqliteConfig::default()).expect("store"));
+    let sim = SimConfig {
+        reply_tokens_min: 20,
+        reply_tokens_max: 20,
+        ..SimConfig::instant(7)
+    };
+    let mut providers = ProviderRegistry::new();
+    providers.register(Arc::new(SimProvider::new(sim).expect("sim config")));
+    let host = Host::builder(Arc::clone(&store) as Arc<dyn SessionStore>)
+        .providers(providers)
+        .config(HostConfig {
+            hibernate_after: Some(Duration::from_millis(20)),
+            ..HostConfig::default()
+        })
+        .start()
+        .await
+        .expect("host");
+    let mut config = AgentConfig::new("sim", "sim-1");
+    config.system = Some("You are a simulated agent under load.".to_string());
+    let burst = |agents: Vec<AgentHandle>| async move {
+        let sends = agents.iter().map(|a| a.followup(user("hello")));
+        for r in futures::future::join_all(sends).await {
+            r.expect("followup acked");
+        }
+        for r in futures::future::join_all(agents.iter().map(|a| a.when_idle())).await {
+            r.expect("idle");
+        }
+        all_hibernated(&agents).await;
+        agents
+    };
+    // Warm up: the runtime's, the store's and the registry's tables grow to their working size.
+    let mut warm = Vec::new();
+    for _ in 0..2_500 {
+        warm.push(
+            host.create(AgentSpec::new(config.clone()))
+                .await
+                .expect("agent created"),
+        );
+    }
+    let warm = burst(warm).await;
+    drop(warm);
+
+    let n = 2_000;
+    let before = live_bytes();
+    let mut agents = Vec::with_capacity(n);
+    for _ in 0..n {
+        agents.push(
+            host.create(AgentSpec::new(config.clone()))
+                .await
+                .expect("agent created"),
+        );
+    }
+    all_hibernated(&agents).await;
+    let created = (live_bytes() - before) / n as i64;
+    let agents = burst(agents).await;
+    let after_turn = (live_bytes() - before) / n as i64;
+    println!(
+        "live heap per hibernated agent: {created} bytes once created, {after_turn} after a turn in a burst of {n}"
+    );
+    assert!(
+        created <= HIBERNATED_HEAP_MAX,
+        "{created} bytes of heap per hibernated agent (bound {HIBERNATED_HEAP_MAX})"
+    );
+    assert!(
+        after_turn <= created + TURN_LEFTOVER_MAX,
+        "a turn left {} bytes per hibernated agent (created: {created}, after: {after_turn})",
+        after_turn - created
+    );
+    drop(agents);
+    host.shutdown().await;
+    store.close().await.expect("store closes");
+}
+
+/// RSS per hibernated agent (SPEC §12: 16 KiB).
+const HIBERNATED_RSS_MAX: u64 = 16 * 1024;
+
+/// The live heap of one hibernated agent, registry and store entries included (~1,650 bytes
+/// measured, of which ~380 are the store's session map doubling inside the measured window; one
+/// run of the whole binary went over 2,048, so the bound leaves room for such steps).
+const HIBERNATED_HEAP_MAX: i64 = 3_072;
+/// What a turn may add to it.
+const TURN_LEFTOVER_MAX: i64 = 64;
 
 /// The original's live heap per agent after one turn (SPEC §12).
 const ORIGINAL_HEAP_AFTER_ONE_TURN: i64 = 29_900;

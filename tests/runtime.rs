@@ -271,6 +271,45 @@ async fn a_hibernated_agent_wakes_with_its_whole_history() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hibernated_count_follows_passivation_wakes_and_evictions() {
+    let config = dsh_actors::HostConfig {
+        hibernate_after: Some(std::time::Duration::from_millis(5)),
+        ..dsh_actors::HostConfig::default()
+    };
+    let w = World::build(
+        vec![ScriptEntry::text("one"), ScriptEntry::hang("")],
+        Vec::new(),
+        dsh::hooks::Hooks::new(),
+        config,
+    )
+    .await;
+    let counts = || (w.host.n_agents(), w.host.metrics().agents_hibernated());
+    let hibernation = || async {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !w.agent.status().await.expect("status").hibernated {
+            assert!(tokio::time::Instant::now() < deadline, "never hibernated");
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    };
+    hibernation().await;
+    assert_eq!(counts(), (1, 1), "a fresh idle agent hibernates");
+    w.agent.followup(user("first")).await.unwrap();
+    w.agent.when_idle().await.unwrap();
+    hibernation().await;
+    assert_eq!(counts(), (1, 1), "hibernated again after its turn");
+    // The second turn's stream never ends: the agent stays awake until cancelled.
+    w.agent.followup(user("second")).await.unwrap();
+    assert_eq!(counts(), (1, 0), "woken by the followup");
+    w.agent.cancel(CancelCause::User, false).await.unwrap();
+    w.agent.when_idle().await.unwrap();
+    hibernation().await;
+    assert_eq!(counts(), (1, 1));
+    assert!(w.host.evict(w.agent.id()));
+    assert_eq!(counts(), (0, 0), "an evicted agent is forgotten");
+    w.host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_observer_may_send_input_from_the_event_stream_and_nothing_is_lost() {
     // SPEC §3 difference 3: observers receive events after the write and may call any handle method.
     let w = World::new(vec![ScriptEntry::text("one"), ScriptEntry::text("two")]).await;

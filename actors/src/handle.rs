@@ -100,7 +100,7 @@ impl AgentHandle {
                 id: self.id().clone(),
             });
         };
-        host.wake(&self.slot, *core).await.map_err(|reason| {
+        host.wake(&self.slot, core).await.map_err(|reason| {
             self.slot.set(SlotState::Failed(reason.clone()));
             InputError::Failed {
                 id: self.id().clone(),

@@ -112,13 +112,17 @@ impl DefaultRetry {
     }
 }
 
-/// What the host keeps of one registered agent.
+/// What the host keeps of one registered agent: what its cores are made of, and nothing of its
+/// spec that a core does not need (the id is the slot's; the working directory is in the log).
 struct AgentRecord {
     /// The slot every handle of the agent reaches it through.
     slot: Arc<AgentSlot>,
-    /// How the agent was made; its tools and hooks are layered again at every (re)start.
-    spec: AgentSpec,
-    /// `spec.config`, shared with every core of this agent.
+    /// The agent's own tools (`AgentSpec::tools`), layered over the host's at every (re)start.
+    tools: ToolRegistry,
+    /// The agent's own hooks (`AgentSpec::hooks`), layered over the host's at every (re)start.
+    hooks: Hooks,
+    /// `AgentSpec::config`, shared with every core of this agent, and with every other agent of
+    /// the host made with an equal config (see `Registry::share_config`).
     config: Arc<AgentConfig>,
     /// Restart times within the window.
     restarts: Mutex<VecDeque<Instant>>,
@@ -135,6 +139,8 @@ struct Registry {
     by_actor: DashMap<ActorId, SessionId>,
     /// The `HostActor`, which agent actors are linked to; set once it started.
     host_cell: OnceLock<ActorCell>,
+    /// The config of the agent registered last: the next agent with an equal config shares it.
+    last_config: Mutex<Option<Arc<AgentConfig>>>,
 }
 
 /// A running host. Cheap to clone.
@@ -221,6 +227,7 @@ impl HostBuilder {
             agents: DashMap::new(),
             by_actor: DashMap::new(),
             host_cell: OnceLock::new(),
+            last_config: Mutex::new(None),
         });
         let (actor, _) = Actor::spawn(
             None,
@@ -263,6 +270,12 @@ impl Host {
     /// Counters of the host's work since it started.
     pub fn metrics(&self) -> &Metrics {
         &self.registry.runtime.metrics
+    }
+
+    /// How many agents are registered (live, hibernated, restarting or failed); with
+    /// `Metrics::agents_hibernated`, how many are awake. Costs the same at any number of agents.
+    pub fn n_agents(&self) -> usize {
+        self.registry.agents.len()
     }
 
     /// Creates a new agent with an empty log.
@@ -336,8 +349,9 @@ impl Host {
                         self.registry.runtime.config.limits.subscriber_buffer_max,
                         Arc::downgrade(&self.registry) as Weak<dyn SlotHost>,
                     )),
-                    config: Arc::new(spec.config.clone()),
-                    spec: spec.clone(),
+                    config: self.registry.share_config(&spec.config),
+                    tools: spec.tools.clone(),
+                    hooks: spec.hooks.clone(),
                     restarts: Mutex::new(VecDeque::new()),
                 });
                 v.insert(Arc::clone(&record));
@@ -400,7 +414,7 @@ impl Host {
         });
         match removed {
             Some((_, record)) => {
-                drop(record.slot.take_dormant());
+                self.registry.forget_dormant(&record.slot);
                 record.slot.set(SlotState::Disposed);
                 true
             }
@@ -433,7 +447,7 @@ impl Host {
                 }
                 SlotState::Dormant => {
                     // Nothing runs; forget the dormant core and read the log back like a crash would.
-                    drop(record.slot.take_dormant());
+                    self.registry.forget_dormant(&record.slot);
                     record.slot.set(SlotState::Restarting);
                 }
                 _ => {}
@@ -464,13 +478,51 @@ impl Host {
 }
 
 impl Registry {
+    /// `config` as an `Arc`: the one of the agent registered last if equal (agents made from one
+    /// spec, as a fleet usually is, then share one copy), a new one otherwise. Comparing costs a
+    /// few string comparisons per registration; a copy per agent costs its strings and limits
+    /// (~400 bytes) for as long as the agent is registered, hibernated or not.
+    fn share_config(&self, config: &AgentConfig) -> Arc<AgentConfig> {
+        let mut last = self
+            .last_config
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &*last {
+            Some(shared) if **shared == *config => Arc::clone(shared),
+            _ => {
+                let shared = Arc::new(config.clone());
+                *last = Some(Arc::clone(&shared));
+                shared
+            }
+        }
+    }
+
+    /// Drops `slot`'s dormant core, if it has one, and counts it out of the hibernated agents.
+    fn forget_dormant(&self, slot: &AgentSlot) {
+        if slot.take_dormant().is_some() {
+            self.runtime.metrics.agent_woken();
+        }
+    }
+
+    /// Gives back the live-actor map's room once it holds a small fraction of what it grew to (a
+    /// burst of thousands of awake agents that then hibernated), so that the tables of a burst do
+    /// not stay resident beside the dormant agents. The fraction leaves room for the next burst
+    /// before the map regrows, so the rehash is amortized over many removals.
+    fn shrink_by_actor(&self) {
+        const ROOM_MIN: usize = 1024;
+        let len = self.by_actor.len();
+        if len.saturating_mul(8) < self.by_actor.capacity() && self.by_actor.capacity() > ROOM_MIN {
+            self.by_actor.shrink_to_fit();
+        }
+    }
+
     /// Spawns an agent actor over `core`, linked to the host; it publishes itself `Live` in the slot.
     async fn spawn(&self, record: &Arc<AgentRecord>, core: AgentCore) -> Result<(), HostError> {
         let host_cell = self.host_cell.get().cloned().ok_or(HostError::ShutDown)?;
         let actor = AgentActor {
             runtime: Arc::clone(&self.runtime),
             slot: Arc::clone(&record.slot),
-            hooks: self.runtime.agent_hooks(&record.spec.hooks),
+            hooks: self.runtime.agent_hooks(&record.hooks),
             passivated: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
         let (agent, _) = Actor::spawn_linked(None, actor, AgentArgs { core }, host_cell)
@@ -491,7 +543,7 @@ impl Registry {
             StoreError::NotFound { id } => HostError::NotFound { id },
             e => HostError::Store(e),
         })?;
-        let tools = self.runtime.tools.layered(&record.spec.tools);
+        let tools = self.runtime.tools.layered(&record.tools);
         let core = AgentCore::resume(
             id.clone(),
             Arc::clone(&record.config),
@@ -511,6 +563,7 @@ impl Registry {
     async fn stop_agent(&self, record: &Arc<AgentRecord>, keep_inbox: bool, timeout: Duration) {
         if keep_inbox && matches!(record.slot.current(), SlotState::Dormant) {
             // Dormant: no activity, everything durable, pending input kept. Nothing to stop.
+            self.forget_dormant(&record.slot);
             record.slot.set(SlotState::Disposed);
             return;
         }
@@ -602,6 +655,8 @@ impl SlotHost for Registry {
         slot: &'a Arc<AgentSlot>,
         core: AgentCore,
     ) -> BoxFuture<'a, Result<(), String>> {
+        // The caller took the dormant core out of the slot.
+        self.runtime.metrics.agent_woken();
         async move {
             let record = self
                 .agents
@@ -657,6 +712,7 @@ impl Actor for HostActor {
             }
             SupervisionEvent::ActorTerminated(cell, _, _) => {
                 self.registry.by_actor.remove(&cell.get_id());
+                self.registry.shrink_by_actor();
             }
             _ => {}
         }

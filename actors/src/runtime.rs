@@ -7,7 +7,7 @@
 //! on each other.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dsh::hooks::{Hooks, RequestErrorHook};
@@ -69,6 +69,11 @@ pub struct Metrics {
     events: AtomicU64,
     compactions: AtomicU64,
     compactions_failed: AtomicU64,
+    /// Agents whose dormant core waits in their slot (passivated, not yet woken or forgotten).
+    /// Signed: a wake may count its core out just before the passivation that put it there
+    /// counted it in (the slot is `Dormant` before the actor counts), so it can dip below zero
+    /// for a moment.
+    hibernated: AtomicI64,
 }
 
 impl Metrics {
@@ -88,6 +93,23 @@ impl Metrics {
         if failed {
             self.compactions_failed.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// An agent passivated: its dormant core waits in its slot.
+    pub(crate) fn agent_hibernated(&self) {
+        self.hibernated.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A dormant core left its slot (woken, restarted, evicted or stopped).
+    pub(crate) fn agent_woken(&self) {
+        self.hibernated.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Registered agents that are hibernated now (their actor stopped). Kept as a counter, so
+    /// reading it costs the same with a million agents as with one (counting with `status` calls
+    /// would ask every agent).
+    pub fn agents_hibernated(&self) -> u64 {
+        u64::try_from(self.hibernated.load(Ordering::Relaxed)).unwrap_or(0)
     }
 
     /// Compactions ended since the host started (failed ones included).

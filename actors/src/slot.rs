@@ -76,8 +76,13 @@ pub(crate) struct AgentSlot {
     pub(crate) write_fence: Arc<WriteFence>,
     /// The core of a dormant agent.
     ///
+    /// Inline rather than boxed: a core boxed at passivation would be a fresh allocation made
+    /// among the freed memory of the turns that just ran, and keep those pages resident (after a
+    /// burst of 10,000 turns, that was most of a hibernated agent's RSS). Inline, the dormant core
+    /// lives in the slot, which was allocated when the agent was created.
+    ///
     /// Invariant: `Some` exactly while `state` is `Dormant`; both change under this lock.
-    dormant: Mutex<Option<Box<AgentCore>>>,
+    dormant: Mutex<Option<AgentCore>>,
     /// The host that spawns this agent's actors.
     pub(crate) host: Weak<dyn SlotHost>,
 }
@@ -118,7 +123,7 @@ impl AgentSlot {
         self.state.borrow().clone()
     }
 
-    fn dormant_lock(&self) -> MutexGuard<'_, Option<Box<AgentCore>>> {
+    fn dormant_lock(&self) -> MutexGuard<'_, Option<AgentCore>> {
         // Only moves of a box happen under this lock; a panic cannot leave it half-updated.
         self.dormant.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -130,7 +135,7 @@ impl AgentSlot {
         let mut dormant = self.dormant_lock();
         let still_mine = matches!(&*self.state.borrow(), SlotState::Live(a, _) if a.get_id() == me);
         if still_mine {
-            *dormant = Some(Box::new(core));
+            *dormant = Some(core);
             self.set(SlotState::Dormant);
         }
         still_mine
@@ -149,7 +154,7 @@ impl AgentSlot {
     }
 
     /// Takes the dormant core (the caller then spawns its actor), or `None` if another caller did.
-    pub(crate) fn take_dormant(&self) -> Option<Box<AgentCore>> {
+    pub(crate) fn take_dormant(&self) -> Option<AgentCore> {
         let mut dormant = self.dormant_lock();
         let core = dormant.take();
         if core.is_some() {
@@ -160,6 +165,6 @@ impl AgentSlot {
 
     /// Reads the dormant core, if the agent is dormant.
     pub(crate) fn with_dormant<T>(&self, f: impl FnOnce(&AgentCore) -> T) -> Option<T> {
-        self.dormant_lock().as_deref().map(f)
+        self.dormant_lock().as_ref().map(f)
     }
 }

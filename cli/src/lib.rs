@@ -172,6 +172,11 @@ pub struct SimArgs {
     /// Start each agent after a random delay below this many milliseconds (0 = all at once).
     #[arg(long, default_value_t = 0)]
     pub ramp_ms: u64,
+    /// Once every agent hibernated, wake this many of them (a seeded random sample, one after
+    /// the other) with one followup each and time the acknowledgement and the whole turn
+    /// (`wake_ack_ms`, `wake_turn_ms`; 0 = skip).
+    #[arg(long, default_value_t = 0)]
+    pub wake_sample: usize,
     /// Give every agent this context window (in estimated tokens) so its history compacts
     /// (SPEC §15); the report counts compactions. Unset: no automatic compaction.
     #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]

@@ -68,6 +68,8 @@ fn assert_shape(v: &Value) {
         "ack_latency_ms",
         "steer_to_claim_ms",
         "cancel_to_idle_ms",
+        "wake_ack_ms",
+        "wake_turn_ms",
     ] {
         let p = &v[key];
         let n = u(p, "n");
@@ -382,6 +384,139 @@ async fn a_sample_of_agents_is_observed() {
         .map(|n| n.as_u64().expect("a count"))
         .sum();
     assert_eq!(ends, 14 + u(&v, "turns_started_by_steer"));
+}
+
+/// Per simulated agent in the kept store: how many turns its log ended.
+async fn turn_ends_per_agent(store_dir: &Path) -> Vec<usize> {
+    let store = SqliteStore::open(store_dir, SqliteConfig::default()).expect("reopen the store");
+    let mut ends = Vec::new();
+    for summary in store.list().await.expect("list") {
+        if !summary.header.id.as_str().starts_with("sim-") {
+            continue;
+        }
+        let loaded = store.load(&summary.header.id).await.expect("load");
+        assert_eq!(
+            loaded.n_repaired, 0,
+            "a finished run leaves nothing to repair"
+        );
+        assert_eq!(invariant::check(&loaded.events), Ok(()));
+        ends.push(
+            loaded
+                .events
+                .iter()
+                .filter(|e| e.kind() == "turn/end")
+                .count(),
+        );
+    }
+    store.close().await.expect("close");
+    ends
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_sample_wakes_that_many_hibernated_agents_once_each() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let v = sim_json(
+        dir.path(),
+        &[
+            "--agents",
+            "20",
+            "--ramp-ms",
+            "50",
+            "--wake-sample",
+            "5",
+            "--json",
+            "--keep-store",
+            "--hibernate-ms",
+            "10",
+            "--ceiling-ms",
+            "0",
+        ],
+    )
+    .await;
+    assert_shape(&v);
+    assert_eq!(u(&v["config"], "wake_sample"), 5);
+    assert_eq!(u(&v, "hibernated_agents"), 20);
+    assert_eq!(
+        u(&v, "turns"),
+        20,
+        "the run's turns leave the wakes out (they come after the run)"
+    );
+    assert_eq!(n_samples(&v, "ack_latency_ms"), 20);
+    for key in ["wake_ack_ms", "wake_turn_ms"] {
+        assert_eq!(n_samples(&v, key), 5, "{key}");
+    }
+    // Each woken agent's turn is timed from the same call as its ack, so ends no earlier.
+    for q in ["p50", "p99", "max"] {
+        assert!(
+            f(&v["wake_ack_ms"], q) <= f(&v["wake_turn_ms"], q),
+            "{q}: {v}"
+        );
+    }
+    let store_dir = v["store_dir"]
+        .as_str()
+        .expect("--keep-store reports the directory");
+    let mut ends = turn_ends_per_agent(Path::new(store_dir)).await;
+    ends.sort_unstable();
+    let mut expected = vec![1; 15];
+    expected.extend([2; 5]);
+    assert_eq!(ends, expected, "five distinct agents got one more turn");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_sample_larger_than_the_fleet_wakes_every_agent_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let v = sim_json(
+        dir.path(),
+        &[
+            "--agents",
+            "3",
+            "--wake-sample",
+            "10",
+            "--json",
+            "--keep-store",
+            "--hibernate-ms",
+            "10",
+            "--ceiling-ms",
+            "0",
+        ],
+    )
+    .await;
+    assert_eq!(u(&v["config"], "wake_sample"), 3);
+    assert_eq!(n_samples(&v, "wake_ack_ms"), 3);
+    assert_eq!(n_samples(&v, "wake_turn_ms"), 3);
+    let store_dir = v["store_dir"].as_str().expect("kept");
+    assert_eq!(
+        turn_ends_per_agent(Path::new(store_dir)).await,
+        vec![2, 2, 2]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_wake_sample_nothing_is_woken() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let v = sim_json(
+        dir.path(),
+        &[
+            "--agents",
+            "4",
+            "--store",
+            "memory",
+            "--json",
+            "--hibernate-ms",
+            "10",
+            "--ceiling-ms",
+            "0",
+        ],
+    )
+    .await;
+    assert_eq!(u(&v["config"], "wake_sample"), 0);
+    for key in ["wake_ack_ms", "wake_turn_ms"] {
+        assert_eq!(
+            v[key],
+            serde_json::json!({"p50": null, "p99": null, "max": null, "n": 0}),
+            "{key}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@
 //! picked up at the next step (and the `request/header` of that step lists the new tools).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use crate::llm::types::ToolSchema;
 use crate::tools::{ExecutionMode, Tool, ToolArgs};
@@ -35,7 +35,7 @@ enum Layer {
 }
 
 /// Tools visible to an agent. Cheap to clone.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct ToolRegistry {
     /// The view: every tool by name; iteration order is the canonical header order.
     ///
@@ -47,6 +47,19 @@ pub struct ToolRegistry {
     layers: Arc<Vec<Layer>>,
     /// Each source layer's generation as of `by_name`, in layer order.
     seen: Arc<Vec<u64>>,
+}
+
+impl Default for ToolRegistry {
+    /// No tools. Every empty registry shares one set of empty maps (a registration copies them
+    /// first), so the empty registry of each `AgentSpec` of a fleet costs no allocation.
+    fn default() -> ToolRegistry {
+        static EMPTY: LazyLock<ToolRegistry> = LazyLock::new(|| ToolRegistry {
+            by_name: Arc::new(ByName::new()),
+            layers: Arc::new(Vec::new()),
+            seen: Arc::new(Vec::new()),
+        });
+        EMPTY.clone()
+    }
 }
 
 impl ToolRegistry {

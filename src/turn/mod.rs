@@ -59,7 +59,7 @@ use crate::session::log::{EventDraft, Session};
 use crate::tools::ToolRegistry;
 
 /// The per-agent settings the turn machine reads.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct AgentConfig {
     /// The provider route of the first request (a `request` hook may re-route).
     pub provider: String,
@@ -689,6 +689,10 @@ impl AgentCore {
             };
         }
         self.wiring = None;
+        // Nothing the turns grew stays with a dormant core: its allocations would sit among the
+        // turns' freed memory and keep those pages resident.
+        self.inbox.shrink_to_fit();
+        self.effects = Vec::new();
         true
     }
 

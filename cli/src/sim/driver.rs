@@ -60,10 +60,32 @@ pub(super) struct DriverTally {
 /// Steers sent and not yet claimed or discarded: message id → when `steer` was called.
 pub(super) type SteersInFlight = Arc<DashMap<MessageId, Instant>>;
 
+impl DriverTally {
+    /// Adds `other`'s samples and counts to this tally.
+    fn absorb(&mut self, other: DriverTally) {
+        self.ack_ns.extend(other.ack_ns);
+        self.cancel_to_idle_ns.extend(other.cancel_to_idle_ns);
+        self.followups += other.followups;
+        self.steers += other.steers;
+        self.cancels += other.cancels;
+    }
+}
+
+/// The delay of agent `agent_idx`'s first input after the start of the turns (`--ramp-ms`): the
+/// first draw of its rng, so its later draws (steers, cancels) do not depend on the ramp.
+fn ramp_delay(plan: &SimPlan, agent_idx: usize) -> Duration {
+    if plan.ramp_ms == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_millis(agent_rng(plan.seed, agent_idx).next_u64() % plan.ramp_ms)
+}
+
+/// Drives one agent through its turns, its first input at `ramp_start` plus its ramp delay.
 pub(super) async fn drive(
     agent: AgentHandle,
     agent_idx: usize,
     plan: Arc<SimPlan>,
+    ramp_start: Instant,
     steers: Option<SteersInFlight>,
     progress: Arc<Counters>,
 ) -> Result<DriverTally, SimError> {
@@ -74,8 +96,9 @@ pub(super) async fn drive(
         ..DriverTally::default()
     };
     if plan.ramp_ms > 0 {
+        // The same draw as `ramp_delay`; the spawner already waited for it.
         let delay_ms = rng.next_u64() % plan.ramp_ms;
-        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        tokio::time::sleep_until((ramp_start + Duration::from_millis(delay_ms)).into()).await;
     }
     for turn_idx in 0..plan.turns_per_agent {
         let prompt = Message::user_text(
@@ -288,6 +311,12 @@ pub(super) async fn run_agents(
     progress.phase("hibernating");
     let memory =
         measure_memory(plan, &fleet.agents, rss_before_bytes, sample.observer_bytes).await?;
+    let wake = if plan.wake_sample == 0 {
+        WakePhase::default()
+    } else {
+        progress.phase("waking a sample");
+        wake_sample(plan, &fleet.agents).await?
+    };
     let store_ceiling = if plan.ceiling_ms == 0 {
         None
     } else {
@@ -311,9 +340,9 @@ pub(super) async fn run_agents(
     Ok(SimReport::assemble(
         plan,
         &fleet,
-        sample.observer_bytes,
         turns,
         memory,
+        wake,
         store_ceiling,
         observed,
     ))
@@ -413,11 +442,15 @@ pub(super) struct TurnsPhase {
     pub(super) appends: u64,
     /// Commit groups the store made (sqlite only).
     pub(super) store_groups: Option<u64>,
-    /// Each driver's measurements.
-    pub(super) tallies: Vec<DriverTally>,
+    /// Every driver's measurements, merged.
+    pub(super) tally: DriverTally,
 }
 
-/// Drives every agent through its turns at once and measures the phase.
+/// Drives every agent through its turns and measures the phase. With `--ramp-ms`, each agent's
+/// driver task is spawned only when its first input is due (in the order of the seeded delays),
+/// and the drivers are collected in that order as they finish, so the run holds only the drivers
+/// of the agents that are working: a million sleeping tasks would cost the process more than the
+/// hibernated agents themselves. Their tallies are merged as they come in.
 async fn run_turns(
     plan: &Arc<SimPlan>,
     store: &SimStore,
@@ -437,24 +470,50 @@ async fn run_turns(
     );
     let (mirror, mirror_stop) = mirror_metrics(host, progress);
     let started = Instant::now();
-    let drivers: Vec<_> = agents
-        .iter()
-        .enumerate()
-        .map(|(agent_idx, agent)| {
-            tokio::spawn(drive(
-                agent.clone(),
-                agent_idx,
-                Arc::clone(plan),
-                sample.observed[agent_idx].then(|| Arc::clone(steers)),
-                Arc::clone(&progress.counters),
-            ))
-        })
+    // Agents in the order their first input is due (all at once: index order).
+    let mut order: Vec<(Duration, usize)> = (0..agents.len())
+        .map(|agent_idx| (ramp_delay(plan, agent_idx), agent_idx))
         .collect();
-    let mut tallies = Vec::with_capacity(drivers.len());
+    order.sort_unstable();
+    let (handles, mut spawned) = tokio::sync::mpsc::unbounded_channel();
+    let spawner = {
+        let agents = agents.to_vec();
+        let observed: Vec<usize> = (0..agents.len())
+            .filter(|&idx| sample.observed[idx])
+            .collect();
+        let (plan, steers, counters) = (
+            Arc::clone(plan),
+            Arc::clone(steers),
+            Arc::clone(&progress.counters),
+        );
+        tokio::spawn(async move {
+            for (delay, agent_idx) in order {
+                if !delay.is_zero() {
+                    tokio::time::sleep_until((started + delay).into()).await;
+                }
+                let steers = observed
+                    .binary_search(&agent_idx)
+                    .is_ok()
+                    .then(|| Arc::clone(&steers));
+                let driver = tokio::spawn(drive(
+                    agents[agent_idx].clone(),
+                    agent_idx,
+                    Arc::clone(&plan),
+                    started,
+                    steers,
+                    Arc::clone(&counters),
+                ));
+                if handles.send(driver).is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    let mut tally = DriverTally::default();
     let mut first_error = None;
-    for driver in drivers {
+    while let Some(driver) = spawned.recv().await {
         match driver.await {
-            Ok(Ok(tally)) => tallies.push(tally),
+            Ok(Ok(one)) => tally.absorb(one),
             Ok(Err(e)) => {
                 first_error.get_or_insert(e);
             }
@@ -462,6 +521,9 @@ async fn run_turns(
                 first_error.get_or_insert(SimError::Task(e.to_string()));
             }
         }
+    }
+    if let Err(e) = spawner.await {
+        first_error.get_or_insert(SimError::Task(e.to_string()));
     }
     let elapsed = started.elapsed();
     mirror_stop.cancel();
@@ -482,7 +544,7 @@ async fn run_turns(
             .n_groups()
             .zip(groups_before)
             .map(|(after, before)| after.saturating_sub(before)),
-        tallies,
+        tally,
     })
 }
 

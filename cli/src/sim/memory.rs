@@ -35,6 +35,9 @@ pub(super) fn memory_status() -> (Option<u64>, Option<u64>) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
+/// Status polls in flight at once while waiting for the agents to hibernate.
+const STATUS_POLLS_AT_ONCE: usize = 10_000;
+
 /// Waits until every agent reports `hibernated`. A `status` call counts as activity and restarts an
 /// agent's idle clock, so each poll waits two hibernation delays after the previous one. Returns how
 /// many hibernated.
@@ -49,16 +52,19 @@ pub(super) async fn wait_hibernated(
             break;
         }
         tokio::time::sleep(pause).await;
-        let statuses =
-            futures::future::join_all(awake.iter().map(|&idx| agents[idx].status())).await;
         let mut still = Vec::new();
-        for (idx, status) in awake.iter().zip(statuses) {
-            let status = status.map_err(|error| SimError::Input {
-                agent_idx: *idx,
-                error,
-            })?;
-            if !status.hibernated {
-                still.push(*idx);
+        // In slices, so a million agents' polls are never all in flight at once.
+        for slice in awake.chunks(STATUS_POLLS_AT_ONCE) {
+            let statuses =
+                futures::future::join_all(slice.iter().map(|&idx| agents[idx].status())).await;
+            for (idx, status) in slice.iter().zip(statuses) {
+                let status = status.map_err(|error| SimError::Input {
+                    agent_idx: *idx,
+                    error,
+                })?;
+                if !status.hibernated {
+                    still.push(*idx);
+                }
             }
         }
         awake = still;
@@ -80,6 +86,8 @@ pub(super) struct MemoryPhase {
     pub(super) bytes_per_agent: Option<u64>,
     /// The same before the trim.
     pub(super) bytes_per_agent_untrimmed: Option<u64>,
+    /// Resident memory the observer's subscription buffers took, left out of the figures above.
+    pub(super) observer_bytes: u64,
 }
 
 /// Waits until the agents hibernated and measures what they hold against `rss_before_bytes`, the
@@ -108,5 +116,50 @@ pub(super) async fn measure_memory(
         rss_hibernated_bytes,
         bytes_per_agent: per_agent(rss_hibernated_bytes),
         bytes_per_agent_untrimmed: per_agent(rss_untrimmed_bytes),
+        observer_bytes,
     })
+}
+
+/// What waking a sample of hibernated agents measured (`--wake-sample`).
+#[derive(Default)]
+pub(super) struct WakePhase {
+    /// Each woken agent's followup, from the call until it returned (input durable).
+    pub(super) ack_ns: Vec<u64>,
+    /// The same followup until the turn it started ended (`when_idle`).
+    pub(super) turn_ns: Vec<u64>,
+}
+
+/// Seeds the choice of the woken agents (with `--seed`), apart from every agent's own rng.
+const WAKE_SEED: u64 = 0x5741_4B45_5341_4D50;
+
+/// Wakes `plan.wake_sample` agents, a seeded random sample without repeats, one after the other:
+/// each that is still hibernated gets one followup; the acknowledgement and the whole turn are
+/// timed. One at a time, so a figure is one wake's, not the queue of many.
+pub(super) async fn wake_sample(
+    plan: &SimPlan,
+    agents: &[AgentHandle],
+) -> Result<WakePhase, SimError> {
+    let mut phase = WakePhase::default();
+    let n = agents.len();
+    let k = plan.wake_sample.min(n);
+    let mut rng = SplitMix64::new(plan.seed ^ WAKE_SEED);
+    let mut chosen = std::collections::HashSet::with_capacity(k);
+    while chosen.len() < k {
+        let agent_idx = (rng.next_u64() % n as u64) as usize;
+        if !chosen.insert(agent_idx) {
+            continue;
+        }
+        let agent = &agents[agent_idx];
+        let fail = |error| SimError::Input { agent_idx, error };
+        if !agent.status().await.map_err(fail)?.hibernated {
+            continue;
+        }
+        let prompt = Message::user_text(MessageId::mint(), "Wake up: one more question.");
+        let started = Instant::now();
+        agent.followup(prompt).await.map_err(fail)?;
+        phase.ack_ns.push(ns(started.elapsed()));
+        agent.when_idle().await.map_err(fail)?;
+        phase.turn_ns.push(ns(started.elapsed()));
+    }
+    Ok(phase)
 }

@@ -16,11 +16,16 @@
 //!    which spreads arrivals the way real users do): for each of its turns it sends a followup, with `--steer-rate`
 //!    probability a steer right behind it (the turn is running by then: a followup is acknowledged
 //!    once durable, after the idle agent already started the turn), with `--cancel-rate` probability a
-//!    user cancel (pending input discarded), then waits until the agent is idle.
+//!    user cancel (pending input discarded), then waits until the agent is idle. With a ramp, a
+//!    driver task is spawned only when its agent's first input is due, so the process holds only
+//!    the drivers of the agents at work (a million sleeping tasks would outweigh the agents).
 //! 4. Wait until every agent hibernated (`--hibernate-ms`), read the resident set size again: the
 //!    difference divided by the agents is `bytes_per_agent` (after glibc's `malloc_trim`, as
 //!    `tests/memory.rs` measures; `bytes_per_agent_untrimmed` before it).
-//! 5. Measure the store's own ceiling: as many appenders as agents append batches of the run's mean
+//! 5. With `--wake-sample K`, wake K hibernated agents (a seeded sample, one at a time) with one
+//!    followup each: `wake_ack_ms` times the followup until durable, `wake_turn_ms` until its turn
+//!    ended (the log read back included).
+//! 6. Measure the store's own ceiling: as many appenders as agents append batches of the run's mean
 //!    size and event bytes straight to the same store, with no runtime in between, for
 //!    `--ceiling-ms`.
 //!

@@ -69,6 +69,9 @@ pub struct SimPlan {
     pub observe_agents: usize,
     /// Each agent starts after a seeded delay within `0..ramp_ms` (0: all at once).
     pub ramp_ms: u64,
+    /// Hibernated agents woken one after the other once all hibernated, to time a wake
+    /// (`--wake-sample`, at most `agents`).
+    pub wake_sample: usize,
     /// Every agent's context window (`--context-window`): its history compacts past 80 % of it.
     pub context_window: Option<u64>,
     /// This process's part of a `--nodes` run: its sessions are `sim-TAG-…` and `ceiling-TAG-…`.
@@ -149,6 +152,7 @@ impl SimPlan {
             keep_store: args.keep_store,
             observe_agents: args.observe_agents.min(args.agents),
             ramp_ms: args.ramp_ms,
+            wake_sample: args.wake_sample.min(args.agents),
             context_window: args.context_window,
             node_tag: match &args.node_tag {
                 Some(tag)

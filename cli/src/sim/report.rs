@@ -125,6 +125,11 @@ pub struct SimReport {
     pub steer_to_claim_ms: Percentiles,
     /// From a cancel until the agent was idle.
     pub cancel_to_idle_ms: Percentiles,
+    /// A hibernated agent's first followup (`--wake-sample` agents, one at a time, once all
+    /// hibernated), until the input was durable.
+    pub wake_ack_ms: Percentiles,
+    /// The same followup until the turn it started ended (the log read back included).
+    pub wake_turn_ms: Percentiles,
     /// Followups sent.
     pub followups: u64,
     /// Steers sent.
@@ -159,22 +164,19 @@ impl SimReport {
     pub(super) fn assemble(
         plan: &SimPlan,
         fleet: &Fleet,
-        observer_bytes: u64,
         turns: TurnsPhase,
         memory: MemoryPhase,
+        mut wake: WakePhase,
         store_ceiling: Option<CeilingReport>,
         mut observed: ObserverTally,
     ) -> SimReport {
-        let mut ack_ns = Vec::new();
-        let mut cancel_to_idle_ns = Vec::new();
-        let (mut followups, mut steers_sent, mut cancels) = (0, 0, 0);
-        for t in turns.tallies {
-            ack_ns.extend(t.ack_ns);
-            cancel_to_idle_ns.extend(t.cancel_to_idle_ns);
-            followups += t.followups;
-            steers_sent += t.steers;
-            cancels += t.cancels;
-        }
+        let DriverTally {
+            mut ack_ns,
+            mut cancel_to_idle_ns,
+            followups,
+            steers: steers_sent,
+            cancels,
+        } = turns.tally;
         let elapsed = turns.elapsed;
         let events_per_sec = per_sec(turns.events, elapsed);
         SimReport {
@@ -205,12 +207,14 @@ impl SimReport {
             rss_hibernated_bytes: memory.rss_hibernated_bytes,
             bytes_per_agent: memory.bytes_per_agent,
             bytes_per_agent_untrimmed: memory.bytes_per_agent_untrimmed,
-            observer_bytes,
+            observer_bytes: memory.observer_bytes,
             hibernated_agents: memory.hibernated_agents,
             step_latency_ms: Percentiles::of(&mut observed.step_ns),
             ack_latency_ms: Percentiles::of(&mut ack_ns),
             steer_to_claim_ms: Percentiles::of(&mut observed.steer_to_claim_ns),
             cancel_to_idle_ms: Percentiles::of(&mut cancel_to_idle_ns),
+            wake_ack_ms: Percentiles::of(&mut wake.ack_ns),
+            wake_turn_ms: Percentiles::of(&mut wake.turn_ns),
             followups,
             steers: steers_sent,
             steers_claimed: observed.steers_claimed,
@@ -321,12 +325,17 @@ impl SimReport {
             out,
             "  latency (ms)              p50        p99        max          n"
         )?;
-        for (name, p) in [
+        let mut rows = vec![
             ("step", &self.step_latency_ms),
             ("input ack", &self.ack_latency_ms),
             ("steer -> claim", &self.steer_to_claim_ms),
             ("cancel -> idle", &self.cancel_to_idle_ms),
-        ] {
+        ];
+        if self.config.wake_sample > 0 {
+            rows.push(("wake ack", &self.wake_ack_ms));
+            rows.push(("wake turn", &self.wake_turn_ms));
+        }
+        for (name, p) in rows {
             let cell = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.3}"));
             writeln!(
                 out,
