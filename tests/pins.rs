@@ -1,7 +1,9 @@
 //! Mutation pins (issue 16 item 7): one test per mutant that survived `cargo mutants` over the core's
-//! safety files — repair's closer ids, the invariant checker's retry and `TOOL_NOT_STARTED` rules,
-//! the inbox's splice bounds, room check, block cap and depth fast path, and the tool schedule's
-//! read-only accessors. Each asserts the exact boundary the mutant moved. See RELIABILITY.md §7.
+//! safety files — repair's closer ids; the invariant checker's retry and `TOOL_NOT_STARTED` rules,
+//! its safe-integer bound and the `Tracker`'s open turn and step; the inbox's splice bounds, room
+//! check, block cap and depth fast path; the tool schedule's read-only accessors and its count of
+//! running bodies. Each asserts the exact boundary the mutant moved. See RELIABILITY.md §7 (the
+//! SQLite writer's pins are unit tests in `writer.rs`, its state being private).
 
 use std::sync::Arc;
 
@@ -436,4 +438,22 @@ fn tool_schedule_accessors_report_the_batch() {
     s.resolved(1);
     assert_eq!(s.preparing(), None);
     assert_eq!(s.calls().len(), 3, "the batch itself never changes");
+}
+
+#[test]
+fn tool_schedule_n_running_counts_the_bodies_running() {
+    let mut s = ToolSchedule::new(planned(3), 3);
+    let mut seen = vec![s.n_running()];
+    for i in 0..2 {
+        assert_eq!(s.next_start(|_| ExecutionMode::Parallel), Some(i));
+        // Preparing is not running.
+        seen.push(s.n_running());
+        s.dispatched(i);
+        seen.push(s.n_running());
+    }
+    s.resolved(0);
+    seen.push(s.n_running());
+    s.resolved(1);
+    seen.push(s.n_running());
+    assert_eq!(seen, [0, 0, 1, 1, 2, 1, 0]);
 }
