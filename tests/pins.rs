@@ -1,7 +1,9 @@
 //! Mutation pins (issue 16 item 7): one test per mutant that survived `cargo mutants` over the core's
-//! safety files — repair's closer ids, the invariant checker's retry and `TOOL_NOT_STARTED` rules,
-//! the inbox's splice bounds, room check, block cap and depth fast path, and the tool schedule's
-//! read-only accessors. Each asserts the exact boundary the mutant moved. See RELIABILITY.md §7.
+//! safety files — repair's closer ids; the invariant checker's retry and `TOOL_NOT_STARTED` rules,
+//! its safe-integer bound and the `Tracker`'s open turn and step; the inbox's splice bounds, room
+//! check, block cap and depth fast path; the tool schedule's read-only accessors and its count of
+//! running bodies. Each asserts the exact boundary the mutant moved. See RELIABILITY.md §7 (the
+//! SQLite writer's pins are unit tests in `writer.rs`, its state being private).
 
 use std::sync::Arc;
 
@@ -10,7 +12,7 @@ use dsh::inbox::{AdmitError, Inbox, InboxError};
 use dsh::llm::types::Message;
 use dsh::session::Event;
 use dsh::session::event::{InboxSpliced, InboxTarget};
-use dsh::session::invariant::check;
+use dsh::session::invariant::{Tracker, check};
 use dsh::session::repair::interrupted_turn_closers;
 use dsh::tools::ExecutionMode;
 use dsh::tools::schedule::{PlannedCall, SlotState, ToolSchedule};
@@ -35,6 +37,11 @@ fn ss(turn: u64, step: u64) -> String {
 }
 fn se(turn: u64, step: u64) -> String {
     format!(r#"{{"type":"step/end","seq":SEQ,"time":7,"data":{{"turn":{turn},"step":{step}}}}}"#)
+}
+fn te(turn: u64) -> String {
+    format!(
+        r#"{{"type":"turn/end","seq":SEQ,"time":7,"data":{{"turn":{turn},"reason":{{"kind":"completed"}}}}}}"#
+    )
 }
 /// An assistant message asking for one call with the JSON-encoded id `call_id_json`.
 fn asks(call_id_json: &str) -> String {
@@ -158,6 +165,64 @@ fn checker_not_started_exemption_needs_is_error_true() {
     assert_eq!(
         v.reason,
         "tool/result for call \"c1\" has no prior tool/call in this step"
+    );
+}
+
+#[test]
+fn checker_tracker_reports_the_open_turn_and_step() {
+    let events = log(&[
+        ts(1),
+        te(1),
+        ts(2),
+        ss(2, 1),
+        se(2, 1),
+        ss(2, 2),
+        se(2, 2),
+        te(2),
+    ]);
+    let mut tracker = Tracker::new();
+    let mut seen = vec![(tracker.open_turn(), tracker.open_step())];
+    for event in &events {
+        tracker.push(event).unwrap();
+        seen.push((tracker.open_turn(), tracker.open_step()));
+    }
+    assert_eq!(
+        seen,
+        [
+            (None, None),
+            (Some(1), None),
+            (None, None),
+            (Some(2), None),
+            (Some(2), Some(1)),
+            (Some(2), None),
+            (Some(2), Some(2)),
+            (Some(2), None),
+            (None, None),
+        ]
+    );
+}
+
+/// A manual compaction bracket whose summary claims `token_count` shadowed tokens.
+fn compaction_claiming(token_count: u64) -> Vec<Event> {
+    log(&[
+        r#"{"type":"user/message","seq":SEQ,"time":7,"data":{"id":"u","role":"user","content":[],"source":{"kind":"user"}},"surfaceOp":"append"}"#.to_string(),
+        r#"{"type":"compaction/start","seq":SEQ,"time":7,"data":{"compactionId":"a","turn":null}}"#.to_string(),
+        format!(
+            r#"{{"type":"compaction/summary","seq":SEQ,"time":7,"data":{{"compactionId":"a","summary":[{{"type":"text","text":"s"}}],"shadowedRange":{{"start":0,"end":0}},"shadowedSeqs":[0],"shadowedTokenCount":{token_count},"provider":"p","model":"m"}}}}"#
+        ),
+        r#"{"type":"compaction/end","seq":SEQ,"time":7,"data":{"compactionId":"a","turn":null,"error":"x"}}"#.to_string(),
+    ])
+}
+
+#[test]
+fn checker_shadowed_token_count_is_a_safe_integer_up_to_exactly_2_pow_53_minus_1() {
+    let max = (1u64 << 53) - 1;
+    assert_eq!(check(&compaction_claiming(max)), Ok(()));
+    let v = check(&compaction_claiming(max + 1)).unwrap_err();
+    assert_eq!(v.seq, 2);
+    assert_eq!(
+        v.reason,
+        "compaction/summary shadowedTokenCount 9007199254740992 is not a safe integer"
     );
 }
 
@@ -373,4 +438,22 @@ fn tool_schedule_accessors_report_the_batch() {
     s.resolved(1);
     assert_eq!(s.preparing(), None);
     assert_eq!(s.calls().len(), 3, "the batch itself never changes");
+}
+
+#[test]
+fn tool_schedule_n_running_counts_the_bodies_running() {
+    let mut s = ToolSchedule::new(planned(3), 3);
+    let mut seen = vec![s.n_running()];
+    for i in 0..2 {
+        assert_eq!(s.next_start(|_| ExecutionMode::Parallel), Some(i));
+        // Preparing is not running.
+        seen.push(s.n_running());
+        s.dispatched(i);
+        seen.push(s.n_running());
+    }
+    s.resolved(0);
+    seen.push(s.n_running());
+    s.resolved(1);
+    seen.push(s.n_running());
+    assert_eq!(seen, [0, 0, 1, 1, 2, 1, 0]);
 }

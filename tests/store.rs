@@ -237,6 +237,33 @@ async fn assert_sessions_reload(dir: &Path, prefix: &str, n_sessions: usize, n_t
     reopened.close().await.unwrap();
 }
 
+/// `checkpoint_after_bytes` is the exact count of event JSON bytes committed since the last
+/// checkpoint at which the next one starts: an append of exactly that many bytes starts one (which
+/// the close waits for), the same append with the bound one byte higher starts none.
+#[tokio::test]
+async fn a_checkpoint_starts_at_exactly_checkpoint_after_bytes() {
+    let id = sid("ck-exact");
+    let batch = encode(&TurnWriter::new(id.clone(), 200).turn_batches()[0]);
+    let n_bytes: u64 = batch.iter().map(|e| e.json.len() as u64).sum();
+    for (checkpoint_after_bytes, n_checkpoints) in [(n_bytes, 1), (n_bytes + 1, 0)] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = SqliteConfig {
+            checkpoint_after_bytes,
+            ..SqliteConfig::default()
+        };
+        let store = SqliteStore::open(dir.path(), config).expect("open");
+        store.create(&header(&id)).await.unwrap();
+        store.append(&id, batch.clone()).await.unwrap();
+        store.close().await.unwrap();
+        let stats = store.stats();
+        assert_eq!(
+            (stats.n_groups, stats.n_bytes_committed, stats.n_checkpoints),
+            (1, n_bytes, n_checkpoints),
+            "checkpoint_after_bytes {checkpoint_after_bytes}"
+        );
+    }
+}
+
 /// Checkpoints run beside the commits on their own connection: with a checkpoint due after every
 /// group, concurrent writers still lose nothing, the rows reach the database file itself, and a
 /// close waits for the running checkpoint.

@@ -426,3 +426,232 @@ fn run_checkpoint(shared: &Shared, db: Option<Db>) -> Option<Db> {
         }
     }
 }
+
+/// The writer's bounds and schedules that no store-level test can see deterministically: the group
+/// bound (reachable only when a sender refills the slot the first receive freed, on another thread,
+/// while the group is taken), the tombstones a committed delete clears, and when a WAL checkpoint
+/// starts and what a close waits for. Each drives the writer's functions directly over a real
+/// database, without the writer task. RELIABILITY.md §7 lists the mutants these pin.
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::path::Path;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{Mutex, OnceLock};
+
+    use super::super::open::open_writer;
+    use super::super::{
+        Counters, DB_FILE_NAME, LOCK_FILE_NAME, Sessions, SqliteConfig, SqliteStore,
+    };
+    use super::*;
+    use crate::session::event::SessionHeader;
+
+    /// A store's files in `dir` (made by opening and closing a store) and the writer's state over
+    /// them, as `SqliteStore::open` builds it, with no writer task running.
+    async fn parts(dir: &Path, config: SqliteConfig) -> (Arc<Shared>, Writer) {
+        SqliteStore::open(dir, config.clone())
+            .expect("open")
+            .close()
+            .await
+            .expect("close");
+        let db_path = dir.join(DB_FILE_NAME);
+        let db = open_writer(&db_path, None).expect("open the writer connection");
+        let lock = File::open(dir.join(LOCK_FILE_NAME)).expect("the lock file");
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            db_path,
+            config,
+            sessions: Mutex::new(Sessions {
+                slots: HashMap::new(),
+                epoch: 0,
+            }),
+            poison: OnceLock::new(),
+            closed: AtomicBool::new(false),
+            read_only: false,
+            readers: Mutex::new(Vec::new()),
+            vfs: None,
+            counters: Counters::default(),
+        });
+        let writer = Writer {
+            db,
+            _lock: lock,
+            wal_bytes_since_checkpoint: 0,
+            wal_bytes_since_restart: 0,
+        };
+        (shared, writer)
+    }
+
+    fn sid(id: &str) -> SessionId {
+        SessionId::new(id).expect("a valid session id")
+    }
+
+    fn request(op: Op) -> (Request, oneshot::Receiver<Result<(), StoreError>>) {
+        let (reply, answer) = oneshot::channel();
+        let request = Request {
+            op,
+            reply,
+            _bytes: None,
+        };
+        (request, answer)
+    }
+
+    /// An append of nothing: a request that commits (as part of its group) and writes no row.
+    fn empty_append(id: &str) -> Op {
+        Op::Append {
+            id: sid(id),
+            materialize: None,
+            events: Vec::new(),
+        }
+    }
+
+    /// A group takes at most `queue_requests_max` requests even when more are queued. The store's
+    /// own queue holds at most that many, so more can be waiting only when a sender on another
+    /// thread refills the slot the group's first receive freed; a queue of a larger capacity stands
+    /// in for that race here. Five requests with a bound of two commit as groups of 2, 2 and 1 (the
+    /// last cut by the close behind it).
+    #[tokio::test]
+    async fn a_group_takes_at_most_queue_requests_max_requests() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = SqliteConfig {
+            queue_requests_max: 2,
+            ..SqliteConfig::default()
+        };
+        let (shared, writer) = parts(dir.path(), config).await;
+        let (tx, rx) = mpsc::channel(16);
+        let mut answers = Vec::new();
+        for i in 0..5 {
+            let (request, answer) = request(empty_append(&format!("s{i}")));
+            tx.try_send(request).expect("room in the queue");
+            answers.push(answer);
+        }
+        let (close, closed) = request(Op::Close);
+        tx.try_send(close).expect("room in the queue");
+        run_writer(Arc::clone(&shared), rx, writer).await;
+        for answer in answers {
+            assert_eq!(answer.await.expect("answered"), Ok(()));
+        }
+        assert_eq!(closed.await.expect("answered"), Ok(()));
+        let c = &shared.counters;
+        assert_eq!(c.n_groups.load(Ordering::SeqCst), 3);
+        assert_eq!(c.n_requests_committed.load(Ordering::SeqCst), 5);
+    }
+
+    /// A committed delete removes its session's tombstone (the map loses the entry, so its size
+    /// follows the sessions in use) and bumps the epoch once per tombstone removed (so that a
+    /// `touch` that read the database before the delete committed reads again). A session deleted
+    /// and created again before the delete committed keeps its new slot, and the epoch does not
+    /// move for it.
+    #[tokio::test]
+    async fn a_committed_delete_clears_its_tombstone_and_bumps_the_epoch() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (shared, mut writer) = parts(dir.path(), SqliteConfig::default()).await;
+        {
+            let mut sessions = shared.sessions();
+            sessions.slots.insert(sid("gone"), Slot::Deleted);
+            let header = SessionHeader::new(sid("again"), 7);
+            sessions
+                .slots
+                .insert(sid("again"), Slot::Registered { header });
+            sessions.epoch = 5;
+        }
+        let (gone, gone_answer) = request(Op::Delete { id: sid("gone") });
+        let (again, again_answer) = request(Op::Delete { id: sid("again") });
+        let (append, append_answer) = request(empty_append("other"));
+        commit_group(&shared, &mut writer, vec![gone, again, append]);
+        assert_eq!(gone_answer.await.expect("answered"), Ok(()));
+        assert_eq!(again_answer.await.expect("answered"), Ok(()));
+        assert_eq!(append_answer.await.expect("answered"), Ok(()));
+        let sessions = shared.sessions();
+        assert!(!sessions.slots.contains_key(&sid("gone")));
+        assert!(matches!(
+            sessions.slots.get(&sid("again")),
+            Some(Slot::Registered { .. })
+        ));
+        assert_eq!(sessions.slots.len(), 1);
+        assert_eq!(sessions.epoch, 6);
+    }
+
+    /// A checkpoint starts once exactly `checkpoint_after_bytes` of WAL were written since the last
+    /// one started, not one byte earlier, and never on a poisoned store. Starting one resets the
+    /// count; not starting leaves it.
+    #[tokio::test]
+    async fn a_checkpoint_starts_at_exactly_checkpoint_after_bytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = SqliteConfig {
+            checkpoint_after_bytes: 100,
+            ..SqliteConfig::default()
+        };
+        let (shared, mut writer) = parts(dir.path(), config).await;
+        let mut checkpointer = Checkpointer::default();
+        writer.wal_bytes_since_checkpoint = 99;
+        checkpointer.start_if_due(&shared, &mut writer);
+        assert!(checkpointer.running.is_none());
+        assert_eq!(writer.wal_bytes_since_checkpoint, 99);
+        writer.wal_bytes_since_checkpoint = 100;
+        checkpointer.start_if_due(&shared, &mut writer);
+        assert!(checkpointer.running.is_some());
+        assert_eq!(writer.wal_bytes_since_checkpoint, 0);
+        checkpointer.finish().await;
+        assert_eq!(shared.counters.n_checkpoints.load(Ordering::SeqCst), 1);
+
+        shared.poison("a test poisons the store".to_string());
+        writer.wal_bytes_since_checkpoint = 1_000;
+        checkpointer.start_if_due(&shared, &mut writer);
+        assert!(checkpointer.running.is_none());
+        assert_eq!(writer.wal_bytes_since_checkpoint, 1_000);
+    }
+
+    /// While a checkpoint runs, a due one waits (the count of WAL bytes stays); once it finished,
+    /// the next due group starts one.
+    #[tokio::test]
+    async fn a_running_checkpoint_defers_the_next_and_a_finished_one_does_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = SqliteConfig {
+            checkpoint_after_bytes: 100,
+            ..SqliteConfig::default()
+        };
+        let (shared, mut writer) = parts(dir.path(), config).await;
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let mut checkpointer = Checkpointer {
+            running: Some(tokio::task::spawn_blocking(move || {
+                let _ = released.recv();
+                None
+            })),
+        };
+        writer.wal_bytes_since_checkpoint = 100;
+        checkpointer.start_if_due(&shared, &mut writer);
+        assert_eq!(writer.wal_bytes_since_checkpoint, 100);
+
+        release.send(()).expect("the job waits");
+        // Wait (not a timed assertion) until the job's thread has returned.
+        while checkpointer
+            .running
+            .as_ref()
+            .is_some_and(|job| !job.is_finished())
+        {
+            tokio::task::yield_now().await;
+        }
+        checkpointer.start_if_due(&shared, &mut writer);
+        assert_eq!(writer.wal_bytes_since_checkpoint, 0);
+        checkpointer.finish().await;
+        assert_eq!(shared.counters.n_checkpoints.load(Ordering::SeqCst), 1);
+    }
+
+    /// `finish` waits for the running checkpoint to end (its connection closes with it): afterwards
+    /// nothing runs and the checkpoint it waited for has counted itself.
+    #[tokio::test]
+    async fn finish_waits_for_the_running_checkpoint() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = SqliteConfig {
+            checkpoint_after_bytes: 1,
+            ..SqliteConfig::default()
+        };
+        let (shared, mut writer) = parts(dir.path(), config).await;
+        let mut checkpointer = Checkpointer::default();
+        writer.wal_bytes_since_checkpoint = 1;
+        checkpointer.start_if_due(&shared, &mut writer);
+        checkpointer.finish().await;
+        assert!(checkpointer.running.is_none());
+        assert_eq!(shared.counters.n_checkpoints.load(Ordering::SeqCst), 1);
+    }
+}
