@@ -374,6 +374,26 @@ struct Shared {
 }
 
 impl Shared {
+    /// A writable store's state before anything is read: no sessions known, not poisoned, no
+    /// idle readers, counters at zero.
+    fn new(dir: &Path, db_path: PathBuf, config: SqliteConfig, vfs: Option<Vfs>) -> Shared {
+        Shared {
+            dir: dir.to_path_buf(),
+            db_path,
+            config,
+            sessions: Mutex::new(Sessions {
+                slots: HashMap::new(),
+                epoch: 0,
+            }),
+            poison: OnceLock::new(),
+            closed: AtomicBool::new(false),
+            read_only: false,
+            readers: Mutex::new(Vec::new()),
+            vfs,
+            counters: Counters::default(),
+        }
+    }
+
     fn sessions(&self) -> MutexGuard<'_, Sessions> {
         // No code panics while holding this lock with the map half-updated; recover the guard.
         self.sessions.lock().unwrap_or_else(PoisonError::into_inner)

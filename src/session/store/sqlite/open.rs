@@ -1,13 +1,11 @@
 //! Opening a `SqliteStore`: the data directory, its lock, the connections (write, checkpoint, read,
 //! read-only) and the schema.
 
-use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use tokio::sync::{Semaphore, mpsc};
@@ -15,8 +13,8 @@ use tracing::debug;
 
 use super::writer::{Writer, run_writer};
 use super::{
-    Counters, DB_FILE_NAME, Db, LOCK_FILE_NAME, Sessions, Shared, SqliteConfig, SqliteStore, Vfs,
-    io_error, sql_error, vfs_name,
+    DB_FILE_NAME, Db, LOCK_FILE_NAME, Shared, SqliteConfig, SqliteStore, Vfs, io_error, sql_error,
+    vfs_name,
 };
 use crate::session::store::StoreError;
 
@@ -333,27 +331,8 @@ impl SqliteStore {
         sync_dir(dir).map_err(|e| io_error(op, format!("{}: {e}", dir.display())))?;
         let (tx, rx) = mpsc::channel(config.queue_requests_max);
         let bytes = Arc::new(Semaphore::new(config.queue_bytes_max));
-        let shared = Arc::new(Shared {
-            dir: dir.to_path_buf(),
-            db_path,
-            config,
-            sessions: Mutex::new(Sessions {
-                slots: HashMap::new(),
-                epoch: 0,
-            }),
-            poison: OnceLock::new(),
-            closed: AtomicBool::new(false),
-            read_only: false,
-            readers: Mutex::new(Vec::new()),
-            vfs,
-            counters: Counters::default(),
-        });
-        let writer = Writer {
-            db,
-            _lock: lock,
-            wal_bytes_since_checkpoint: 0,
-            wal_bytes_since_restart: 0,
-        };
+        let shared = Arc::new(Shared::new(dir, db_path, config, vfs));
+        let writer = Writer::new(db, lock);
         let task = runtime.spawn(run_writer(Arc::clone(&shared), rx, writer));
         debug!(dir = %shared.dir.display(), "session store opened");
         Ok(SqliteStore {
@@ -400,19 +379,9 @@ impl SqliteStore {
         // No receiver: nothing is ever queued (`writable` refuses first).
         let (tx, _) = mpsc::channel(1);
         let shared = Arc::new(Shared {
-            dir: dir.to_path_buf(),
-            db_path,
-            config,
-            sessions: Mutex::new(Sessions {
-                slots: HashMap::new(),
-                epoch: 0,
-            }),
-            poison: OnceLock::new(),
-            closed: AtomicBool::new(false),
             read_only: true,
             readers: Mutex::new(vec![db]),
-            vfs: None,
-            counters: Counters::default(),
+            ..Shared::new(dir, db_path, config, None)
         });
         Ok(SqliteStore {
             shared,

@@ -91,6 +91,18 @@ pub(super) struct Writer {
     pub(super) wal_bytes_since_restart: u64,
 }
 
+impl Writer {
+    /// The writer over its connection and its lock, nothing written yet.
+    pub(super) fn new(db: Db, lock: File) -> Writer {
+        Writer {
+            db,
+            _lock: lock,
+            wal_bytes_since_checkpoint: 0,
+            wal_bytes_since_restart: 0,
+        }
+    }
+}
+
 /// The writer task: owns the queue; one blocking commit job at a time, and at most one checkpoint
 /// job beside it.
 pub(super) async fn run_writer(
@@ -434,15 +446,11 @@ fn run_checkpoint(shared: &Shared, db: Option<Db>) -> Option<Db> {
 /// database, without the writer task. RELIABILITY.md §7 lists the mutants these pin.
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
+
     use std::path::Path;
-    use std::sync::atomic::AtomicBool;
-    use std::sync::{Mutex, OnceLock};
 
     use super::super::open::open_writer;
-    use super::super::{
-        Counters, DB_FILE_NAME, LOCK_FILE_NAME, Sessions, SqliteConfig, SqliteStore,
-    };
+    use super::super::{DB_FILE_NAME, LOCK_FILE_NAME, SqliteConfig, SqliteStore};
     use super::*;
     use crate::session::event::SessionHeader;
 
@@ -457,27 +465,8 @@ mod tests {
         let db_path = dir.join(DB_FILE_NAME);
         let db = open_writer(&db_path, None).expect("open the writer connection");
         let lock = File::open(dir.join(LOCK_FILE_NAME)).expect("the lock file");
-        let shared = Arc::new(Shared {
-            dir: dir.to_path_buf(),
-            db_path,
-            config,
-            sessions: Mutex::new(Sessions {
-                slots: HashMap::new(),
-                epoch: 0,
-            }),
-            poison: OnceLock::new(),
-            closed: AtomicBool::new(false),
-            read_only: false,
-            readers: Mutex::new(Vec::new()),
-            vfs: None,
-            counters: Counters::default(),
-        });
-        let writer = Writer {
-            db,
-            _lock: lock,
-            wal_bytes_since_checkpoint: 0,
-            wal_bytes_since_restart: 0,
-        };
+        let shared = Arc::new(Shared::new(dir, db_path, config, None));
+        let writer = Writer::new(db, lock);
         (shared, writer)
     }
 
