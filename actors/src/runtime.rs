@@ -70,9 +70,8 @@ pub struct Metrics {
     compactions: AtomicU64,
     compactions_failed: AtomicU64,
     /// Agents whose dormant core waits in their slot (passivated, not yet woken or forgotten).
-    /// Signed: a wake may count its core out just before the passivation that put it there
-    /// counted it in (the slot is `Dormant` before the actor counts), so it can dip below zero
-    /// for a moment.
+    /// Counted in under the slot's lock before the core is visible, counted out after it is
+    /// taken, so it never dips below zero; signed so that a miscount would show as one.
     hibernated: AtomicI64,
 }
 

@@ -131,10 +131,13 @@ impl AgentSlot {
     /// The actor `me` hands over its hibernated core and stops: the agent is dormant. Returns false
     /// (and drops the core) when the slot no longer names `me` as `Live`: a restart took the agent
     /// over, reads it back from the log and must not find a stale core beside its new actor.
-    pub(crate) fn passivate(&self, me: ActorId, core: AgentCore) -> bool {
+    /// `counted` runs under the lock before the core is visible, so whoever sees the agent dormant
+    /// (a `status`, a wake) also sees it counted.
+    pub(crate) fn passivate(&self, me: ActorId, core: AgentCore, counted: impl FnOnce()) -> bool {
         let mut dormant = self.dormant_lock();
         let still_mine = matches!(&*self.state.borrow(), SlotState::Live(a, _) if a.get_id() == me);
         if still_mine {
+            counted();
             *dormant = Some(core);
             self.set(SlotState::Dormant);
         }

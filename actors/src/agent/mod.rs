@@ -976,9 +976,9 @@ impl AgentActor {
         self.passivated
             .store(true, std::sync::atomic::Ordering::SeqCst);
         // False when a restart took the agent over meanwhile: it reads the log back instead.
-        if self.slot.passivate(state.myself.get_id(), core) {
-            self.runtime.metrics.agent_hibernated();
-        }
+        let metrics = &self.runtime.metrics;
+        self.slot
+            .passivate(state.myself.get_id(), core, || metrics.agent_hibernated());
         state.passivated = true;
         // Every write is acknowledged: a store with leases gives the session's lease up (SPEC
         // §14); a wake that appends again takes it back first. Spawned only once the core is with
