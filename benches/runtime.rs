@@ -4,7 +4,8 @@
 //! call of the `echo` tool, then that text, so it makes two requests.
 //!
 //! - `agent_turn`: one agent, sequential turns (followup, then `when_idle`), memory and SQLite
-//!   stores (and the text turn on a single-threaded runtime, `-1thread`), against
+//!   stores (and the text turn on a single-threaded runtime, `-1thread`, and both turns with the
+//!   agent on the host's own threads, `HostConfig::agent_threads`, `-pinned`), against
 //!   `baseline/hand_loop`: one tokio task that pulls the same provider streams, runs
 //!   the same tool, and appends the same events (re-sequenced copies of a turn the runtime wrote) to
 //!   the same store, durable at the same checkpoints (before each request, before each tool body, at
@@ -217,11 +218,22 @@ fn tools(mode: Mode) -> ToolRegistry {
 }
 
 async fn host(store: &BenchStore, mode: Mode, hibernate_after: Option<Duration>) -> Host {
+    pinned_host(store, mode, hibernate_after, 0).await
+}
+
+/// `host` with its agents on `agent_threads` threads of the host's own (`HostConfig::agent_threads`).
+async fn pinned_host(
+    store: &BenchStore,
+    mode: Mode,
+    hibernate_after: Option<Duration>,
+    agent_threads: usize,
+) -> Host {
     Host::builder(Arc::clone(&store.store))
         .providers(providers().0)
         .tools(tools(mode))
         .config(HostConfig {
             hibernate_after,
+            agent_threads,
             ..HostConfig::default()
         })
         .start()
@@ -457,6 +469,19 @@ fn agent_turn_group(c: &mut Criterion) {
             rt.block_on(host.shutdown());
             store.close(&rt);
         }
+        // The same turns with the agents pinned to two threads of the host's own (baseline: the
+        // `-memory` hand loop above): the driver (on the bench's thread) hands each input over
+        // once, the agent's work never changes thread.
+        let param = format!("{}-memory-pinned", mode.name());
+        let store = BenchStore::open(StoreKind::Memory, &rt);
+        let host = rt.block_on(pinned_host(&store, mode, None, 2));
+        g.bench_function(BenchmarkId::new("dsh/agent", &param), |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let host = host.clone();
+                async move { timed_agent_turns(&host, iters).await }
+            });
+        });
+        rt.block_on(host.shutdown());
     }
     // The same text turn on a single-threaded runtime: no worker wakes another, so the difference
     // to the two-worker figures above is what cross-thread hand-offs cost a lone sequential agent.

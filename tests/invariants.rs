@@ -206,8 +206,11 @@ async fn run_case(ops: Vec<Op>, seed: u64) {
     // Read-backs (after hibernation) land 2 or 4 ms late among the inputs in two thirds of the cases.
     memory.set_read_delay_ms(2 * (seed % 3));
     let store: Arc<dyn SessionStore> = Arc::new(memory);
+    // Half the cases pin the agent to two threads of the host's own (wakes and restarts move it
+    // between them), half run it on the test's runtime.
     let config = HostConfig {
         hibernate_after: Some(Duration::from_millis(3)),
+        agent_threads: if (seed / 2).is_multiple_of(2) { 0 } else { 2 },
         ..HostConfig::default()
     };
     let host = Host::builder(store)

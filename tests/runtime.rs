@@ -310,6 +310,70 @@ async fn the_hibernated_count_follows_passivation_wakes_and_evictions() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinned_agents_run_on_the_hosts_threads_across_wakes_and_restarts() {
+    // `HostConfig::agent_threads`: the agent's actor and its children (here a tool's body) run on
+    // one of the host's own threads, and the turn logs exactly what it logs unpinned.
+    let config = dsh_actors::HostConfig {
+        agent_threads: 2,
+        hibernate_after: Some(std::time::Duration::from_millis(5)),
+        ..dsh_actors::HostConfig::default()
+    };
+    let call = || ScriptEntry::tool_calls([("c1", "where", "{}")]);
+    let w = World::build(
+        vec![
+            call(),
+            ScriptEntry::text("done"),
+            call(),
+            ScriptEntry::text("woken"),
+            call(),
+            ScriptEntry::text("restarted"),
+        ],
+        vec![TestTool::thread_naming("where")],
+        dsh::hooks::Hooks::new(),
+        config,
+    )
+    .await;
+    let hibernation = || async {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !w.agent.status().await.expect("status").hibernated {
+            assert!(tokio::time::Instant::now() < deadline, "never hibernated");
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    };
+    w.agent.followup(user("first")).await.unwrap();
+    w.agent.when_idle().await.unwrap();
+    hibernation().await;
+    // Woken from hibernation: a new actor, again on a host thread.
+    w.agent.followup(user("second")).await.unwrap();
+    w.agent.when_idle().await.unwrap();
+    // Restarted from its log: a new actor, again on a host thread.
+    w.host.restart(w.agent.id()).await.unwrap();
+    w.agent.followup(user("third")).await.unwrap();
+    w.agent.when_idle().await.unwrap();
+    let requests = w.script.requests();
+    assert_eq!(requests.len(), 6);
+    for i in [1, 3, 5] {
+        let thread = tool_result_text(requests[i].messages.last().unwrap());
+        assert!(
+            thread.starts_with("dsh-agents-"),
+            "request {i}: the tool ran on {thread:?}"
+        );
+    }
+    let log = w.stored().await;
+    let turns: Vec<&[dsh::session::Event]> = log
+        .split_inclusive(|e| e.kind() == "turn/end")
+        .filter(|t| t.iter().any(|e| e.kind() == "turn/start"))
+        .collect();
+    assert_eq!(turns.len(), 3);
+    for turn in turns {
+        assert_kinds(&skeleton(turn), &TOOL_TURN);
+    }
+    assert_eq!(reasons(&log), [TurnEndReason::Completed; 3]);
+    assert_valid(&log);
+    w.host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_observer_may_send_input_from_the_event_stream_and_nothing_is_lost() {
     // SPEC §3 difference 3: observers receive events after the write and may call any handle method.
     let w = World::new(vec![ScriptEntry::text("one"), ScriptEntry::text("two")]).await;

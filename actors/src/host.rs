@@ -38,6 +38,7 @@ use crate::handle::AgentHandle;
 use crate::observe::{Channel, Observed, Subscription};
 use crate::runtime::{HostConfig, Metrics, Runtime};
 use crate::slot::{AgentSlot, SlotHost, SlotState};
+use crate::threads::AgentThreads;
 
 /// How to make (or resume) one agent.
 #[derive(Clone, Debug)]
@@ -141,6 +142,9 @@ struct Registry {
     host_cell: OnceLock<ActorCell>,
     /// The config of the agent registered last: the next agent with an equal config shares it.
     last_config: Mutex<Option<Arc<AgentConfig>>>,
+    /// The threads agent actors are pinned to (`HostConfig::agent_threads`); `None`: the caller's
+    /// runtime. Ended when the registry is dropped.
+    threads: Option<AgentThreads>,
 }
 
 /// A running host. Cheap to clone.
@@ -211,6 +215,12 @@ impl HostBuilder {
     /// # Errors
     /// `HostError::Spawn` when the actor cannot start.
     pub async fn start(self) -> Result<Host, HostError> {
+        let threads = match self.config.agent_threads {
+            0 => None,
+            n => Some(AgentThreads::start(n).map_err(|e| {
+                HostError::Spawn(format!("cannot start {n} agent threads: {e}"))
+            })?),
+        };
         let runtime = Arc::new(Runtime {
             observers: Channel::new(self.config.limits.subscriber_buffer_max),
             store: self.store,
@@ -228,6 +238,7 @@ impl HostBuilder {
             by_actor: DashMap::new(),
             host_cell: OnceLock::new(),
             last_config: Mutex::new(None),
+            threads,
         });
         let (actor, _) = Actor::spawn(
             None,
@@ -525,9 +536,19 @@ impl Registry {
             hooks: self.runtime.agent_hooks(&record.hooks),
             passivated: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
-        let (agent, _) = Actor::spawn_linked(None, actor, AgentArgs { core }, host_cell)
-            .await
-            .map_err(|e| HostError::Spawn(e.to_string()))?;
+        let start = async move {
+            Actor::spawn_linked(None, actor, AgentArgs { core }, host_cell)
+                .await
+                .map(|(agent, _)| agent)
+                .map_err(|e| HostError::Spawn(e.to_string()))
+        };
+        // On an agent thread, the actor's task and every task it spawns stay on that thread.
+        let agent = match &self.threads {
+            None => start.await?,
+            Some(threads) => threads.run(start).await.unwrap_or_else(|| {
+                Err(HostError::Spawn("the host's agent threads ended".into()))
+            })?,
+        };
         // The actor published itself as `Live` in `pre_start`: it may already have passivated.
         self.by_actor.insert(agent.get_id(), record.slot.id.clone());
         Ok(())

@@ -17,6 +17,7 @@
 //! agent::msg ──> error, observe        runtime ──> observe
 //! ```
 //!
+//! `threads` (the host's own agent threads, `HostConfig::agent_threads`) is used by `host` alone.
 //! `error`, `observe` and `runtime` are used by every layer and use none of them (save `runtime`'s
 //! observer channel). The slot reaches the host only through the `SlotHost` trait, and the session
 //! writer receives only its write fence from the slot.
@@ -32,6 +33,7 @@ mod observe;
 mod runtime;
 mod session_writer;
 mod slot;
+mod threads;
 mod tool_pool;
 
 pub use error::{HostError, InputError};

@@ -45,11 +45,19 @@ pub struct HostConfig {
     /// their own. Nothing waits for a chunk to be durable; observers (event streams) see a held
     /// chunk at most this much later. Zero hands every chunk to the writer at once.
     pub chunk_linger: Duration,
+    /// Threads of the host's own that agents are pinned to, each a single-threaded tokio runtime:
+    /// an agent's actor and everything it spawns (stream, writer, tool pool, hook tasks) run on
+    /// one thread, so a turn's many messages never hand work between threads; agents are spread
+    /// over the threads round-robin each time their actor starts. `0` (the default) runs agents on
+    /// the tokio runtime that calls the host, as any task. With one of these threads per core a
+    /// lone agent turns at one core's speed on a multi-threaded runtime (`agent_turn` bench).
+    pub agent_threads: usize,
 }
 
 impl Default for HostConfig {
     /// The default limits, hibernation after 30 s idle, at most 3 restarts in 10 s, 10 s for an
-    /// agent to stop, and chunks held back at most `DEFAULT_CHUNK_LINGER`.
+    /// agent to stop, chunks held back at most `DEFAULT_CHUNK_LINGER`, and agents on the caller's
+    /// runtime (no threads of the host's own).
     fn default() -> HostConfig {
         HostConfig {
             limits: Limits::DEFAULT,
@@ -58,6 +66,7 @@ impl Default for HostConfig {
             restart_window: Duration::from_secs(10),
             stop_timeout: Duration::from_secs(10),
             chunk_linger: DEFAULT_CHUNK_LINGER,
+            agent_threads: 0,
         }
     }
 }

@@ -36,6 +36,8 @@ pub struct TestTool {
     panics: bool,
     /// Sleeps this long, ignoring cancellation.
     stubborn_ms: u64,
+    /// Answers with the name of the thread its body ran on.
+    names_its_thread: bool,
 }
 
 impl TestTool {
@@ -46,6 +48,15 @@ impl TestTool {
             gate: None,
             panics: false,
             stubborn_ms: 0,
+            names_its_thread: false,
+        }
+    }
+
+    /// Answers with the name of the thread its body ran on (`<unnamed>` for none).
+    pub fn thread_naming(name: &str) -> TestTool {
+        TestTool {
+            names_its_thread: true,
+            ..TestTool::parallel(name)
         }
     }
 
@@ -97,6 +108,10 @@ impl Tool for TestTool {
     async fn execute(&self, call: ToolInvocation, cancel: CancellationToken) -> ToolOutput {
         if self.panics {
             panic!("tool {} exploded", self.name);
+        }
+        if self.names_its_thread {
+            let name = std::thread::current().name().unwrap_or("<unnamed>").to_string();
+            return ToolOutput::text(name);
         }
         if self.stubborn_ms > 0 {
             tokio::time::sleep(Duration::from_millis(self.stubborn_ms)).await;

@@ -1,0 +1,78 @@
+//! `AgentThreads`: the host's own threads, each a single-threaded tokio runtime, that agents are
+//! pinned to (`HostConfig::agent_threads`).
+//!
+//! On tokio's multi-threaded runtime the tasks of one agent (its actor, stream, writer, tool pool
+//! and the short tasks they spawn) wake each other on whichever worker is free: a lone agent's turn
+//! hands its work between the two workers of this machine a dozen times, and each hand-off wakes a
+//! parked thread. Pinned, an agent's actor is spawned on one of these runtimes, and everything it
+//! spawns (ractor and `tokio::spawn` use the runtime they are called from) stays on that thread:
+//! only input from outside and the answers to it cross threads. Agents are spread over the threads
+//! round-robin each time their actor starts (creation, wake, restart), so a fleet still uses every
+//! thread; a thread never steals another's agents, which is the price of the locality.
+//!
+//! Each thread runs until the host's registry is dropped (the last `Host` or `AgentHandle` gone);
+//! its runtime is then dropped on that thread, outside any task, which cancels whatever is left on
+//! it (a host shut down first has nothing left).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+
+/// The host's agent threads.
+pub(crate) struct AgentThreads {
+    threads: Vec<AgentThread>,
+    /// The thread the next agent actor starts on (modulo the count).
+    next: AtomicUsize,
+}
+
+struct AgentThread {
+    handle: Handle,
+    /// Dropped (or sent) to end the thread.
+    _stop: oneshot::Sender<()>,
+}
+
+impl AgentThreads {
+    /// Starts `n` threads (`n` ≥ 1) named `dsh-agents-<i>`.
+    ///
+    /// # Errors
+    /// The OS error when a thread or its runtime cannot be created.
+    pub(crate) fn start(n: usize) -> std::io::Result<AgentThreads> {
+        let mut threads = Vec::with_capacity(n);
+        for i in 0..n {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .thread_name(format!("dsh-agents-{i}-blocking"))
+                .build()?;
+            let handle = runtime.handle().clone();
+            let (stop, stopped) = oneshot::channel::<()>();
+            std::thread::Builder::new()
+                .name(format!("dsh-agents-{i}"))
+                .spawn(move || {
+                    // Either outcome ends the thread: sent, or the sender dropped with the host.
+                    let _ = runtime.block_on(stopped);
+                    drop(runtime);
+                })?;
+            threads.push(AgentThread {
+                handle,
+                _stop: stop,
+            });
+        }
+        Ok(AgentThreads {
+            threads,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// Runs `work` on the next thread (round-robin) and waits for its outcome. `None` when the
+    /// thread's runtime ended before `work` did (the host is being dropped).
+    pub(crate) async fn run<F>(&self, work: F) -> Option<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.threads.len();
+        self.threads[i].handle.spawn(work).await.ok()
+    }
+}
