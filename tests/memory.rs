@@ -205,6 +205,18 @@ async fn all_hibernated(agents: &[AgentHandle]) {
     }
 }
 
+/// Waits (at most 10 s) until the runtime runs no more tasks than `baseline`: an agent reports
+/// itself hibernated when it hands its core over, a moment before its actor's task (mailbox,
+/// children) is gone, so heap measured right after `all_hibernated` can still hold the last few
+/// actors of a burst (a loaded CI machine saw 275 bytes per agent of them).
+async fn tasks_ended(baseline: usize) {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while metrics.num_alive_tasks() > baseline && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// What a hibernated agent keeps, counted exactly (live heap, not RSS): 2,000 agents made as
 /// `dsh sim` makes them (one config, a system prompt, created one after the other), hibernated,
 /// then one turn each all at once (a burst), hibernated again. Nothing of the awake phase may
@@ -231,6 +243,10 @@ async fn a_hibernated_agent_keeps_nothing_of_its_turn() {
         .start()
         .await
         .expect("host");
+    // The host's and the store's own tasks: what runs once every agent's actor has stopped.
+    let baseline_tasks = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
     let mut config = AgentConfig::new("sim", "sim-1");
     config.system = Some("You are a simulated agent under load.".to_string());
     let burst = |agents: Vec<AgentHandle>| async move {
@@ -242,6 +258,7 @@ async fn a_hibernated_agent_keeps_nothing_of_its_turn() {
             r.expect("idle");
         }
         all_hibernated(&agents).await;
+        tasks_ended(baseline_tasks).await;
         agents
     };
     // Warm up: the runtime's, the store's and the registry's tables grow to their working size.
@@ -267,6 +284,7 @@ async fn a_hibernated_agent_keeps_nothing_of_its_turn() {
         );
     }
     all_hibernated(&agents).await;
+    tasks_ended(baseline_tasks).await;
     let created = (live_bytes() - before) / n as i64;
     let agents = burst(agents).await;
     let after_turn = (live_bytes() - before) / n as i64;

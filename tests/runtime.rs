@@ -297,13 +297,30 @@ async fn the_hibernated_count_follows_passivation_wakes_and_evictions() {
     w.agent.when_idle().await.unwrap();
     hibernation().await;
     assert_eq!(counts(), (1, 1), "hibernated again after its turn");
-    // The second turn's stream never ends: the agent stays awake until cancelled.
+    // The woken agent's read-back of its log lands late, so the cancel (which discards the
+    // followup) comes before the second turn starts: its core stays without a log (`hibernated`
+    // in its status) while its actor is live, and it must passivate again all the same (it stayed
+    // awake for good before).
+    w.store.set_read_delay_ms(50);
     w.agent.followup(user("second")).await.unwrap();
     assert_eq!(counts(), (1, 0), "woken by the followup");
     w.agent.cancel(CancelCause::User, false).await.unwrap();
     w.agent.when_idle().await.unwrap();
-    hibernation().await;
-    assert_eq!(counts(), (1, 1));
+    assert_eq!(
+        w.script.requests().len(),
+        1,
+        "the second turn never started"
+    );
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while counts() != (1, 1) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never passivated again after the cancel: {:?}",
+            w.agent.status().await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    assert!(w.agent.status().await.unwrap().hibernated);
     assert!(w.host.evict(w.agent.id()));
     assert_eq!(counts(), (0, 0), "an evicted agent is forgotten");
     w.host.shutdown().await;

@@ -26,6 +26,9 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::agent::msg::CompactReceipt;
+
+/// A live agent actor and its passivation flag.
+type LiveActor = (ActorRef<AgentMsg>, Arc<AtomicBool>);
 use crate::agent::msg::{AgentMsg, Reply};
 use crate::error::InputError;
 use crate::observe::{StatusReport, Subscription};
@@ -69,14 +72,24 @@ impl AgentHandle {
 
     /// The live actor and its passivation flag, waking a dormant agent.
     async fn actor(&self) -> Result<(ActorRef<AgentMsg>, Arc<AtomicBool>), InputError> {
+        self.live_actor(true).await.map(|live| {
+            live.ok_or_else(|| InputError::Interrupted {
+                id: self.id().clone(),
+            })
+        })?
+    }
+
+    /// The live actor and its passivation flag; for a dormant agent, woken if `wake`, else `None`.
+    async fn live_actor(&self, wake: bool) -> Result<Option<LiveActor>, InputError> {
         let mut rx = self.slot.state.subscribe();
         loop {
             let state = rx.borrow_and_update().clone();
             match state {
-                SlotState::Live(actor, passivated) => return Ok((actor, passivated)),
+                SlotState::Live(actor, passivated) => return Ok(Some((actor, passivated))),
                 SlotState::Failed(_) | SlotState::Disposed => {
                     return Err(self.gone(state));
                 }
+                SlotState::Dormant if !wake => return Ok(None),
                 SlotState::Dormant => self.wake().await?,
                 SlotState::Waking | SlotState::Restarting => {
                     if rx.changed().await.is_err() {
@@ -110,12 +123,35 @@ impl AgentHandle {
     }
 
     async fn request<T>(&self, build: impl Fn(Reply<T>) -> AgentMsg) -> Result<T, InputError> {
+        self.request_or_dormant(build, true).await.map(|answer| {
+            answer.ok_or_else(|| InputError::Interrupted {
+                id: self.id().clone(),
+            })
+        })?
+    }
+
+    /// A question a dormant agent answers from its slot (`status`, `log`, `when_idle`): `None` when
+    /// the agent is dormant, now or once the actor asked passivated before it answered. Such a
+    /// question never wakes the agent, not even when it races the agent's hibernation.
+    async fn ask<T>(&self, build: impl Fn(Reply<T>) -> AgentMsg) -> Result<Option<T>, InputError> {
+        self.request_or_dormant(build, false).await
+    }
+
+    /// Sends `build`'s message to the live actor and waits for its answer, again to the next actor
+    /// when the one asked passivated first; a dormant agent is woken if `wake`, else `None`.
+    async fn request_or_dormant<T>(
+        &self,
+        build: impl Fn(Reply<T>) -> AgentMsg,
+        wake: bool,
+    ) -> Result<Option<T>, InputError> {
         loop {
-            let (actor, passivated) = self.actor().await?;
+            let Some((actor, passivated)) = self.live_actor(wake).await? else {
+                return Ok(None);
+            };
             let (tx, rx) = oneshot::channel();
             let handled = actor.cast(build(tx)).is_ok();
             if handled && let Ok(answer) = rx.await {
-                return Ok(answer);
+                return Ok(Some(answer));
             }
             // Dropped unanswered. If that actor passivated, it stopped before handling the message
             // (passivation needs every acknowledgement settled; the flag is set before it stops, so
@@ -254,10 +290,11 @@ impl AgentHandle {
     /// # Errors
     /// `InputError` when the agent is gone.
     pub async fn when_idle(&self) -> Result<(), InputError> {
-        if matches!(self.slot.current(), SlotState::Dormant) {
-            return Ok(());
-        }
-        self.request(|reply| AgentMsg::WhenIdle { reply }).await
+        // Dormant (now, or once the actor asked hibernated): idle, everything durable.
+        Ok(self
+            .ask(|reply| AgentMsg::WhenIdle { reply })
+            .await?
+            .unwrap_or(()))
     }
 
     /// Like `when_idle`, giving up after `timeout`. Returns whether the agent became idle.
@@ -277,10 +314,15 @@ impl AgentHandle {
     /// `InputError` when the agent is gone.
     pub async fn status(&self) -> Result<StatusReport, InputError> {
         // A dormant agent answers from its core, without waking.
-        if let Some(report) = self.slot.with_dormant(|core| StatusReport::of(core, None)) {
-            return Ok(report);
+        loop {
+            if let Some(report) = self.slot.with_dormant(|core| StatusReport::of(core, None)) {
+                return Ok(report);
+            }
+            if let Some(report) = self.ask(|reply| AgentMsg::Status { reply }).await? {
+                return Ok(report);
+            }
+            // Dormant again; or woken by another caller meanwhile, when the slot's core is gone.
         }
-        self.request(|reply| AgentMsg::Status { reply }).await
     }
 
     /// The agent's log as it is now (durable or not).
@@ -288,19 +330,21 @@ impl AgentHandle {
     /// # Errors
     /// `InputError` when the agent is gone or its log cannot be read back.
     pub async fn log(&self) -> Result<Vec<Event>, InputError> {
-        if matches!(self.slot.current(), SlotState::Dormant)
-            && let Some(host) = self.slot.host.upgrade()
-        {
-            // Dormant: everything is durable, so the store holds the whole log.
-            return host
-                .read_log(self.id())
-                .await
-                .map_err(|reason| InputError::Store {
-                    id: self.id().clone(),
-                    reason,
-                });
+        if let Some(log) = self.ask(|reply| AgentMsg::Log { reply }).await? {
+            return log;
         }
-        self.request(|reply| AgentMsg::Log { reply }).await?
+        // Dormant: everything is durable, so the store holds the whole log.
+        let Some(host) = self.slot.host.upgrade() else {
+            return Err(InputError::Disposed {
+                id: self.id().clone(),
+            });
+        };
+        host.read_log(self.id())
+            .await
+            .map_err(|reason| InputError::Store {
+                id: self.id().clone(),
+                reason,
+            })
     }
 
     /// Observes this agent: durable events (once durable) and live notifications, in a bounded

@@ -682,12 +682,12 @@ impl AgentCore {
         if !self.is_idle() || self.durable_seq < next_seq || self.sent_seq < next_seq {
             return false;
         }
-        if let Log::Live(_) = self.log {
-            self.log = Log::Hibernated {
-                next_seq,
-                tail: Vec::new(),
-            };
-        }
+        // Everything is durable: an earlier hibernation's tail (inbox splices appended since) is
+        // in the store too, and the next read-back finds it there.
+        self.log = Log::Hibernated {
+            next_seq,
+            tail: Vec::new(),
+        };
         self.wiring = None;
         // Nothing the turns grew stays with a dormant core: its allocations would sit among the
         // turns' freed memory and keep those pages resident.

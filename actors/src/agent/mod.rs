@@ -540,10 +540,12 @@ impl AgentActor {
                 deliver(w, ());
             }
         }
+        // A core without its log (woken, but its waking input cancelled or removed before the log
+        // was read back) arms the timer too: otherwise such an agent stayed awake for good.
         if let Some(after) = self.runtime.config.hibernate_after
             && !state.hibernate_armed
             && state.core.is_idle()
-            && !state.core.is_hibernated()
+            && !state.passivated
         {
             state.hibernate_armed = true;
             let myself = state.myself.clone();
