@@ -81,6 +81,12 @@ pub struct ServeArgs {
     /// Allow the model to run shell commands (off by default).
     #[arg(long)]
     pub shell: bool,
+    /// Pin the agents to this many threads of the host's own, each a single-threaded runtime (an
+    /// agent's actor and children then never change thread; `HostConfig::agent_threads`). 0 (the
+    /// default): the agents run on the server's multi-threaded runtime, as any task.
+    #[arg(long, value_name = "N", default_value_t = 0,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=256))]
+    pub agent_threads: usize,
 }
 
 /// The store named by `--store` (`sqlite:DIR` or `postgres://…`), or the data directory.
@@ -150,6 +156,10 @@ pub async fn run(args: ServeArgs, config: Config) -> Result<ExitCode, CliError> 
         .providers(providers)
         .tools(tools)
         .hooks(hooks)
+        .config(dsh_actors::HostConfig {
+            agent_threads: args.agent_threads,
+            ..dsh_actors::HostConfig::default()
+        })
         .start()
         .await
         .map_err(|e| CliError::Failed(e.to_string()))?;

@@ -415,6 +415,7 @@ async fn simulate_on(
             limits,
             hibernate_after: Some(Duration::from_millis(plan.hibernate_ms)),
             chunk_linger: Duration::from_millis(plan.chunk_linger_ms),
+            agent_threads: plan.agent_threads,
             ..HostConfig::default()
         })
         .start()

@@ -85,6 +85,8 @@ fn child_args(args: &SimArgs, tag: &str, seed: u64, ceiling_ms: u64) -> Vec<Stri
         &args.observe_agents.to_string(),
         "--ramp-ms",
         &args.ramp_ms.to_string(),
+        "--agent-threads",
+        &args.agent_threads.to_string(),
         "--node-tag",
         tag,
     ]

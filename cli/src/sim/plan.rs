@@ -65,6 +65,8 @@ pub struct SimPlan {
     pub chunk_linger_ms: u64,
     /// Keep the run's sqlite store (`--keep-store`).
     pub keep_store: bool,
+    /// Threads of the host's own the agents are pinned to (`--agent-threads`; 0: none).
+    pub agent_threads: usize,
     /// Agents whose events are observed for the step and steer latencies (at most `agents`).
     pub observe_agents: usize,
     /// Each agent starts after a seeded delay within `0..ramp_ms` (0: all at once).
@@ -150,6 +152,7 @@ impl SimPlan {
             ceiling_ms: args.ceiling_ms,
             chunk_linger_ms: linger_ms,
             keep_store: args.keep_store,
+            agent_threads: args.agent_threads,
             observe_agents: args.observe_agents.min(args.agents),
             ramp_ms: args.ramp_ms,
             wake_sample: args.wake_sample.min(args.agents),

@@ -263,7 +263,11 @@ impl SimReport {
             c.steer_rate,
             c.cancel_rate,
             c.seed,
-        )
+        )?;
+        if c.agent_threads > 0 {
+            writeln!(out, "  agents pinned to {} threads of the host's own", c.agent_threads)?;
+        }
+        Ok(())
     }
 
     /// Turns, durable events against the store's ceiling, appends and agent creation.
