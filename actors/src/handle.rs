@@ -291,10 +291,8 @@ impl AgentHandle {
     /// `InputError` when the agent is gone.
     pub async fn when_idle(&self) -> Result<(), InputError> {
         // Dormant (now, or once the actor asked hibernated): idle, everything durable.
-        Ok(self
-            .ask(|reply| AgentMsg::WhenIdle { reply })
-            .await?
-            .unwrap_or(()))
+        self.ask(|reply| AgentMsg::WhenIdle { reply }).await?;
+        Ok(())
     }
 
     /// Like `when_idle`, giving up after `timeout`. Returns whether the agent became idle.
