@@ -482,6 +482,23 @@ fn agent_turn_group(c: &mut Criterion) {
             });
         });
         rt.block_on(host.shutdown());
+        // The driver as a task on the runtime's workers (as `dsh sim`'s and a server's are), not
+        // on the bench's own thread: unpinned (`-task`) and pinned (`-pinned-task`).
+        for (threads, suffix) in [(0, "task"), (2, "pinned-task")] {
+            let param = format!("{}-memory-{suffix}", mode.name());
+            let host = rt.block_on(pinned_host(&store, mode, None, threads));
+            g.bench_function(BenchmarkId::new("dsh/agent", &param), |b| {
+                b.to_async(&rt).iter_custom(|iters| {
+                    let host = host.clone();
+                    async move {
+                        tokio::spawn(async move { timed_agent_turns(&host, iters).await })
+                            .await
+                            .expect("driver task")
+                    }
+                });
+            });
+            rt.block_on(host.shutdown());
+        }
     }
     // The same text turn on a single-threaded runtime: no worker wakes another, so the difference
     // to the two-worker figures above is what cross-thread hand-offs cost a lone sequential agent.
