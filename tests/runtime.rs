@@ -377,15 +377,21 @@ async fn pinned_agents_run_on_the_hosts_threads_across_wakes_and_restarts() {
         );
     }
     let log = w.stored().await;
+    // Each turn from its start (the restart's `session/end-seed` comes before the third).
     let turns: Vec<&[dsh::session::Event]> = log
         .split_inclusive(|e| e.kind() == "turn/end")
-        .filter(|t| t.iter().any(|e| e.kind() == "turn/start"))
+        .filter_map(|t| t.iter().position(|e| e.kind() == "turn/start").map(|i| &t[i..]))
         .collect();
     assert_eq!(turns.len(), 3);
+    assert_eq!(
+        log.iter().filter(|e| e.kind() == "session/end-seed").count(),
+        1,
+        "one restart"
+    );
     for turn in turns {
         assert_kinds(&skeleton(turn), &TOOL_TURN);
     }
-    assert_eq!(reasons(&log), [TurnEndReason::Completed; 3]);
+    assert_eq!(reasons(&log), vec![TurnEndReason::Completed; 3]);
     assert_valid(&log);
     w.host.shutdown().await;
 }
