@@ -14,7 +14,8 @@
 //! `cargo bench -p dsh-cli --bench serve` (`DSH_BENCH_AGENTS`, `DSH_BENCH_TURNS` override the sizes,
 //! 200 × 50 by default: 10,000 turns, ~3 s a path on a quiet machine; at 1,000 turns the ratio
 //! moved 0.49–0.62× between runs; `DSH_BENCH_ONLY=host|host-sub|http` runs one client alone, e.g.
-//! under callgrind or strace).
+//! under callgrind or strace; `DSH_BENCH_AGENT_THREADS=N` pins every path's agents to N threads of
+//! the host's own, `HostConfig::agent_threads`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -97,6 +98,10 @@ async fn start_host(dir: &std::path::Path) -> (Host, Arc<SqliteStore>) {
     let store = Arc::new(SqliteStore::open(dir, SqliteConfig::default()).expect("store"));
     let host = Host::builder(Arc::clone(&store) as Arc<dyn SessionStore>)
         .providers(providers)
+        .config(dsh_actors::HostConfig {
+            agent_threads: size("DSH_BENCH_AGENT_THREADS", 0),
+            ..dsh_actors::HostConfig::default()
+        })
         .start()
         .await
         .expect("host");
