@@ -380,11 +380,17 @@ async fn pinned_agents_run_on_the_hosts_threads_across_wakes_and_restarts() {
     // Each turn from its start (the restart's `session/end-seed` comes before the third).
     let turns: Vec<&[dsh::session::Event]> = log
         .split_inclusive(|e| e.kind() == "turn/end")
-        .filter_map(|t| t.iter().position(|e| e.kind() == "turn/start").map(|i| &t[i..]))
+        .filter_map(|t| {
+            t.iter()
+                .position(|e| e.kind() == "turn/start")
+                .map(|i| &t[i..])
+        })
         .collect();
     assert_eq!(turns.len(), 3);
     assert_eq!(
-        log.iter().filter(|e| e.kind() == "session/end-seed").count(),
+        log.iter()
+            .filter(|e| e.kind() == "session/end-seed")
+            .count(),
         1,
         "one restart"
     );

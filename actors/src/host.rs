@@ -215,12 +215,13 @@ impl HostBuilder {
     /// # Errors
     /// `HostError::Spawn` when the actor cannot start.
     pub async fn start(self) -> Result<Host, HostError> {
-        let threads = match self.config.agent_threads {
-            0 => None,
-            n => Some(AgentThreads::start(n).map_err(|e| {
-                HostError::Spawn(format!("cannot start {n} agent threads: {e}"))
-            })?),
-        };
+        let threads =
+            match self.config.agent_threads {
+                0 => None,
+                n => Some(AgentThreads::start(n).map_err(|e| {
+                    HostError::Spawn(format!("cannot start {n} agent threads: {e}"))
+                })?),
+            };
         let runtime = Arc::new(Runtime {
             observers: Channel::new(self.config.limits.subscriber_buffer_max),
             store: self.store,

@@ -2,9 +2,8 @@
 //! pinned to (`HostConfig::agent_threads`).
 //!
 //! On tokio's multi-threaded runtime the tasks of one agent (its actor, stream, writer, tool pool
-//! and the short tasks they spawn) wake each other on whichever worker is free: a lone agent's turn
-//! hands its work between the two workers of this machine a dozen times, and each hand-off wakes a
-//! parked thread. Pinned, an agent's actor is spawned on one of these runtimes, and everything it
+//! and the short tasks they spawn) wake each other on whichever worker is free, so one turn's work
+//! can move between workers many times, each move waking a parked thread. Pinned, an agent's actor is spawned on one of these runtimes, and everything it
 //! spawns (ractor and `tokio::spawn` use the runtime they are called from) stays on that thread:
 //! only input from outside and the answers to it cross threads. Agents are spread over the threads
 //! round-robin each time their actor starts (creation, wake, restart), so a fleet still uses every
@@ -23,9 +22,9 @@ use tokio::sync::oneshot;
 
 /// How long an agent thread that ran out of work watches for work from other threads before it
 /// sleeps. Input and answers reach an agent's thread from others (a caller, the store's commit
-/// thread); one that already slept must be woken by the kernel, which on this project's VMs costs
-/// more than a text turn's own work. Spinning this long each time the thread goes idle costs at
-/// most that much CPU per burst of work, and nothing while the thread is busy.
+/// thread); one that already slept must be woken by the kernel. Spinning this long each time the
+/// thread goes idle costs at most that much CPU per burst of work, and nothing while the thread is
+/// busy. (No consistent speed-up measured on the project's 2-core VMs: BENCHMARKS.md.)
 const SPIN_BEFORE_PARK: Duration = Duration::from_micros(50);
 
 /// Spins until a task arrives from another thread (the runtime's injection queue) or

@@ -110,7 +110,10 @@ impl Tool for TestTool {
             panic!("tool {} exploded", self.name);
         }
         if self.names_its_thread {
-            let name = std::thread::current().name().unwrap_or("<unnamed>").to_string();
+            let name = std::thread::current()
+                .name()
+                .unwrap_or("<unnamed>")
+                .to_string();
             return ToolOutput::text(name);
         }
         if self.stubborn_ms > 0 {

@@ -265,7 +265,11 @@ impl SimReport {
             c.seed,
         )?;
         if c.agent_threads > 0 {
-            writeln!(out, "  agents pinned to {} threads of the host's own", c.agent_threads)?;
+            writeln!(
+                out,
+                "  agents pinned to {} threads of the host's own",
+                c.agent_threads
+            )?;
         }
         Ok(())
     }
