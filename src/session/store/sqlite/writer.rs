@@ -590,6 +590,40 @@ mod tests {
         assert_eq!(writer.wal_bytes_since_checkpoint, 1_000);
     }
 
+    /// A WAL restart starts at exactly `wal_restart_after_bytes` and resets the count; below it, or
+    /// on a poisoned store, nothing happens and the count stays.
+    #[tokio::test]
+    async fn a_wal_restart_starts_at_exactly_wal_restart_after_bytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = SqliteConfig {
+            wal_restart_after_bytes: 100,
+            ..SqliteConfig::default()
+        };
+        let (shared, mut writer) = parts(dir.path(), config).await;
+        let mut checkpointer = Checkpointer::default();
+        let restarts = |shared: &Arc<Shared>| shared.counters.n_wal_restarts.load(Ordering::SeqCst);
+        writer.wal_bytes_since_restart = 99;
+        let mut writer = restart_wal_if_due(&shared, &mut checkpointer, writer)
+            .await
+            .expect("a writer");
+        assert_eq!((restarts(&shared), writer.wal_bytes_since_restart), (0, 99));
+        writer.wal_bytes_since_restart = 100;
+        let mut writer = restart_wal_if_due(&shared, &mut checkpointer, writer)
+            .await
+            .expect("a writer");
+        assert_eq!((restarts(&shared), writer.wal_bytes_since_restart), (1, 0));
+
+        shared.poison("a test poisons the store".to_string());
+        writer.wal_bytes_since_restart = 1_000;
+        let writer = restart_wal_if_due(&shared, &mut checkpointer, writer)
+            .await
+            .expect("a writer");
+        assert_eq!(
+            (restarts(&shared), writer.wal_bytes_since_restart),
+            (1, 1_000)
+        );
+    }
+
     /// While a checkpoint runs, a due one waits (the count of WAL bytes stays); once it finished,
     /// the next due group starts one.
     #[tokio::test]
