@@ -250,11 +250,7 @@ async fn a_hibernated_agent_wakes_with_its_whole_history() {
     .await;
     w.agent.followup(user("first")).await.unwrap();
     w.agent.when_idle().await.unwrap();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !w.agent.status().await.unwrap().hibernated {
-        assert!(tokio::time::Instant::now() < deadline, "never hibernated");
-        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-    }
+    until_hibernated(&w.agent).await;
     // Input is accepted while hibernated, without reading the log back.
     w.agent.inject(user("context")).await.unwrap();
     assert!(w.agent.status().await.unwrap().hibernated);
@@ -284,18 +280,11 @@ async fn the_hibernated_count_follows_passivation_wakes_and_evictions() {
     )
     .await;
     let counts = || (w.host.n_agents(), w.host.metrics().agents_hibernated());
-    let hibernation = || async {
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !w.agent.status().await.expect("status").hibernated {
-            assert!(tokio::time::Instant::now() < deadline, "never hibernated");
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-        }
-    };
-    hibernation().await;
+    until_hibernated(&w.agent).await;
     assert_eq!(counts(), (1, 1), "a fresh idle agent hibernates");
     w.agent.followup(user("first")).await.unwrap();
     w.agent.when_idle().await.unwrap();
-    hibernation().await;
+    until_hibernated(&w.agent).await;
     assert_eq!(counts(), (1, 1), "hibernated again after its turn");
     // The woken agent's read-back of its log lands late, so the cancel (which discards the
     // followup) comes before the second turn starts: its core stays without a log (`hibernated`
@@ -350,16 +339,9 @@ async fn pinned_agents_run_on_the_hosts_threads_across_wakes_and_restarts() {
         config,
     )
     .await;
-    let hibernation = || async {
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !w.agent.status().await.expect("status").hibernated {
-            assert!(tokio::time::Instant::now() < deadline, "never hibernated");
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-        }
-    };
     w.agent.followup(user("first")).await.unwrap();
     w.agent.when_idle().await.unwrap();
-    hibernation().await;
+    until_hibernated(&w.agent).await;
     // Woken from hibernation: a new actor, again on a host thread.
     w.agent.followup(user("second")).await.unwrap();
     w.agent.when_idle().await.unwrap();
@@ -709,11 +691,7 @@ async fn a_stale_read_back_never_writes_into_the_turn_that_followed() {
         )))
         .await
         .expect("agent created");
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !agent.status().await.expect("status").hibernated {
-        assert!(tokio::time::Instant::now() < deadline, "never hibernated");
-        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-    }
+    until_hibernated(&agent).await;
     store.n_slow.store(1, std::sync::atomic::Ordering::SeqCst);
     agent.followup(user("first")).await.expect("acked");
     agent

@@ -26,13 +26,13 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::agent::msg::CompactReceipt;
-
-/// A live agent actor and its passivation flag.
-type LiveActor = (ActorRef<AgentMsg>, Arc<AtomicBool>);
 use crate::agent::msg::{AgentMsg, Reply};
 use crate::error::InputError;
 use crate::observe::{StatusReport, Subscription};
 use crate::slot::{AgentSlot, SlotState};
+
+/// A live agent actor and its passivation flag.
+type LiveActor = (ActorRef<AgentMsg>, Arc<AtomicBool>);
 
 /// Where an acknowledged input landed in the agent's log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,7 +71,7 @@ impl AgentHandle {
     }
 
     /// The live actor and its passivation flag, waking a dormant agent.
-    async fn actor(&self) -> Result<(ActorRef<AgentMsg>, Arc<AtomicBool>), InputError> {
+    async fn actor(&self) -> Result<LiveActor, InputError> {
         self.live_actor(true).await.map(|live| {
             live.ok_or_else(|| InputError::Interrupted {
                 id: self.id().clone(),

@@ -47,10 +47,10 @@ pub struct HostConfig {
     pub chunk_linger: Duration,
     /// Threads of the host's own that agents are pinned to, each a single-threaded tokio runtime:
     /// an agent's actor and everything it spawns (stream, writer, tool pool, hook tasks) run on
-    /// one thread, so a turn's many messages never hand work between threads; agents are spread
+    /// one thread, so a turn's messages never hand work between threads; agents are spread
     /// over the threads round-robin each time their actor starts. `0` (the default) runs agents on
-    /// the tokio runtime that calls the host, as any task. With one of these threads per core a
-    /// lone agent turns at one core's speed on a multi-threaded runtime (`agent_turn` bench).
+    /// the tokio runtime that calls the host, as any task. No consistent speed-up was measured on
+    /// the project's 2-core VMs (`agent_turn` bench, BENCHMARKS.md "Agent threads").
     pub agent_threads: usize,
 }
 

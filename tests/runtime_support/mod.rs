@@ -279,6 +279,15 @@ pub const TOOL_TURN: [&str; 11] = [
     "turn/end",
 ];
 
+/// Waits (at most 10 s) until `agent` reports itself hibernated.
+pub async fn until_hibernated(agent: &AgentHandle) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !agent.status().await.expect("status").hibernated {
+        assert!(tokio::time::Instant::now() < deadline, "never hibernated");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 /// The log without chunks, the request envelope and inbox splices.
 pub fn skeleton(log: &[Event]) -> Vec<Event> {
     log.iter()
