@@ -160,6 +160,9 @@ pub struct StoreStats {
     pub n_checkpoints: u64,
     /// Times the writer checkpointed the whole WAL and truncated it (`wal_restart_after_bytes`).
     pub n_wal_restarts: u64,
+    /// Times SQLite started the WAL over from its beginning at a commit, without truncating it,
+    /// because a checkpoint and its catch-up had copied all of it (no reader still reading it).
+    pub n_wal_resets: u64,
 }
 
 #[derive(Default)]
@@ -171,6 +174,7 @@ struct Counters {
     n_bytes_committed: AtomicU64,
     n_checkpoints: AtomicU64,
     n_wal_restarts: AtomicU64,
+    n_wal_resets: AtomicU64,
 }
 
 /// Makes SQLite's own fsync fail or wait, for tests. Only exists on a store opened with
@@ -517,6 +521,7 @@ impl SqliteStore {
             n_bytes_committed: c.n_bytes_committed.load(Ordering::SeqCst),
             n_checkpoints: c.n_checkpoints.load(Ordering::SeqCst),
             n_wal_restarts: c.n_wal_restarts.load(Ordering::SeqCst),
+            n_wal_resets: c.n_wal_resets.load(Ordering::SeqCst),
         }
     }
 
