@@ -12,7 +12,7 @@
 //! one checkpoint runs at a time; a close waits for it. A passive checkpoint alone cannot let SQLite
 //! start the WAL over while commits keep coming (it ends behind the commits made while it ran), so
 //! once it finished the writer copies the rest itself between two groups (`catch_up_if_due`: the
-//! frames of one checkpoint's duration, ~1 ms), after which SQLite starts the WAL over from its
+//! frames of one checkpoint's duration, 18–52 ms at 100,000 agents), after which SQLite starts the WAL over from its
 //! beginning at the next commit. Should that not happen (a reader still reading an old snapshot
 //! every time), every `wal_restart_after_bytes` the writer checkpoints the whole WAL and truncates it
 //! between two groups (`restart_wal_if_due`); either way the `-wal` file is bounded under sustained
@@ -380,8 +380,8 @@ impl Checkpointer {
 /// the next commit (unless a reader still reads from it): the `-wal` file is reused from its
 /// beginning instead of growing, and the truncation of `restart_wal`, which held the commits for
 /// 0.6–0.7 s at every 64 MiB of events in a 100,000-agent `dsh sim` (it frees and syncs the
-/// whole file), is not needed. The next group waits for the catch-up (~1 ms: the frames of one
-/// checkpoint's duration). `None` if the blocking job itself failed (the store is poisoned).
+/// whole file), is not needed. The next group waits for the catch-up (18–52 ms there: the frames
+/// of one checkpoint's duration, and the sync). `None` if the blocking job itself failed (the store is poisoned).
 async fn catch_up_if_due(
     shared: &Arc<Shared>,
     checkpointer: &mut Checkpointer,
@@ -487,6 +487,8 @@ fn restart_wal(shared: &Shared, writer: &mut Writer) {
                     .fetch_add(1, Ordering::SeqCst);
                 writer.wal_bytes_since_restart = 0;
                 writer.wal_bytes_since_checkpoint = 0;
+                // The WAL is empty: the next commit's frames are no reset of SQLite's.
+                writer.wal_frames_before = 0;
             } else {
                 writer.wal_bytes_since_restart = shared
                     .config
@@ -714,7 +716,8 @@ mod tests {
     /// A passive checkpoint that ended behind the commits (here: a reader held it back, as commits
     /// made while it ran do) leaves the WAL to grow: the next commits append to it. Its catch-up
     /// copies the rest, and SQLite starts the WAL over at the next commit: the reset is counted, the
-    /// frames drop, and the count toward a truncation starts again. The catch-up is due once per
+    /// frames drop, and the count toward a truncation starts again. A group that writes no page is
+    /// no reset. The catch-up is due once per
     /// started checkpoint, only once that one finished, never on a poisoned store.
     #[tokio::test]
     async fn the_catch_up_after_a_checkpoint_lets_the_next_commit_start_the_wal_over() {
@@ -739,6 +742,11 @@ mod tests {
         commit_events(&shared, &mut writer, "a", 0, 20);
         let after_first = frames(&writer).expect("the WAL hook is installed");
         assert!(after_first > 0);
+        // A group that writes no page leaves the WAL as it was: no reset.
+        let (empty, _answer) = request(empty_append("a"));
+        commit_group(&shared, &mut writer, vec![empty]);
+        assert_eq!(frames(&writer), Some(after_first));
+        assert_eq!(resets(&shared), 0);
         let reader = Connection::open(dir.path().join(DB_FILE_NAME)).expect("a reader");
         reader.execute_batch("BEGIN").expect("begin");
         let n: i64 = reader
@@ -770,6 +778,15 @@ mod tests {
         );
         assert!(writer.wal_bytes_since_restart < 5_000);
         assert_eq!(shared.poison.get(), None);
+
+        // A truncation empties the WAL too, and is counted as one: the commit after it is no reset.
+        writer.wal_bytes_since_restart = shared.config.wal_restart_after_bytes;
+        let mut writer = restart_wal_if_due(&shared, &mut checkpointer, writer)
+            .await
+            .expect("a writer");
+        commit_events(&shared, &mut writer, "a", 61, 1);
+        assert_eq!(shared.counters.n_wal_restarts.load(Ordering::SeqCst), 1);
+        assert_eq!(resets(&shared), 1);
 
         // Due only once the started checkpoint finished; never when poisoned.
         let (release, released) = std::sync::mpsc::channel::<()>();
