@@ -754,6 +754,46 @@ mod tests {
         inbox.apply(splice).expect("a fresh plan applies")
     }
 
+    /// `shrink_to_fit` gives back what a drained inbox grew: both queues and the id set end with no
+    /// capacity at all, and what is still pending stays as it was.
+    #[test]
+    fn shrink_to_fit_gives_back_the_capacity_of_a_drained_inbox() {
+        let limits = Limits::DEFAULT;
+        let mut inbox = Inbox::new();
+        for i in 0..40 {
+            for target in [InboxTarget::NextTurn, InboxTarget::NextStep] {
+                let splice = inbox
+                    .plan_append(target, msg(&format!("{target:?}-{i}")), &limits)
+                    .expect("room");
+                apply_ok(&mut inbox, &splice);
+            }
+        }
+        for splice in inbox.plan_clear() {
+            apply_ok(&mut inbox, &splice);
+        }
+        assert!(!inbox.has_pending());
+        assert!(inbox.next_turn.capacity() >= 40 && inbox.next_step.capacity() >= 40);
+        assert!(inbox.ids.capacity() >= 80);
+        inbox.shrink_to_fit();
+        assert_eq!(
+            (
+                inbox.next_turn.capacity(),
+                inbox.next_step.capacity(),
+                inbox.ids.capacity()
+            ),
+            (0, 0, 0)
+        );
+
+        let splice = inbox
+            .plan_append(InboxTarget::NextTurn, msg("kept"), &limits)
+            .expect("room");
+        apply_ok(&mut inbox, &splice);
+        let before = inbox.clone();
+        inbox.shrink_to_fit();
+        assert_eq!(inbox, before);
+        assert_eq!(queue_ids(inbox.next_turn()), ["kept"]);
+    }
+
     /// agent.spec: "rejects an invalid durable splice during reconstruction".
     #[test]
     fn rejects_an_invalid_durable_splice_during_reconstruction() {
