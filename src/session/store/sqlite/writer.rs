@@ -12,11 +12,11 @@
 //! one checkpoint runs at a time; a close waits for it. A passive checkpoint alone cannot let SQLite
 //! start the WAL over while commits keep coming (it ends behind the commits made while it ran), so
 //! once it finished the writer copies the rest itself between two groups (`catch_up_if_due`: the
-//! frames of one checkpoint's duration, 18–52 ms at 100,000 agents), after which SQLite starts the WAL over from its
-//! beginning at the next commit. Should that not happen (a reader still reading an old snapshot
-//! every time), every `wal_restart_after_bytes` the writer checkpoints the whole WAL and truncates it
-//! between two groups (`restart_wal_if_due`); either way the `-wal` file is bounded under sustained
-//! load. Running the commit under `spawn_blocking` rather than on a thread of our own keeps tokio's
+//! frames committed during one checkpoint; 18–52 ms at 100,000 agents, 176 ms p50 at a million),
+//! after which SQLite starts the WAL over from its beginning at the next commit. Should that not
+//! happen (a reader still reading an old snapshot every time), every `wal_restart_after_bytes` the
+//! writer checkpoints the whole WAL and truncates it between two groups (`restart_wal_if_due`);
+//! either way the `-wal` file is bounded under sustained load. Running the commit under `spawn_blocking` rather than on a thread of our own keeps tokio's
 //! paused test clock from jumping while an fsync runs (STYLE §5, tokio#5115).
 //!
 //! What must stay true: requests reach this queue already validated and reserved (`sqlite/mod.rs`), so a
@@ -380,8 +380,9 @@ impl Checkpointer {
 /// the next commit (unless a reader still reads from it): the `-wal` file is reused from its
 /// beginning instead of growing, and the truncation of `restart_wal`, which held the commits for
 /// 0.6–0.7 s at every 64 MiB of events in a 100,000-agent `dsh sim` (it frees and syncs the
-/// whole file), is not needed. The next group waits for the catch-up (18–52 ms there: the frames
-/// of one checkpoint's duration, and the sync). `None` if the blocking job itself failed (the store is poisoned).
+/// whole file), is not needed. The next group waits for the catch-up (18–52 ms there, 176 ms p50 at
+/// a million agents: the frames committed during one checkpoint, and the sync). `None` if the
+/// blocking job itself failed (the store is poisoned).
 async fn catch_up_if_due(
     shared: &Arc<Shared>,
     checkpointer: &mut Checkpointer,
@@ -400,12 +401,7 @@ async fn catch_up_if_due(
     let job_shared = Arc::clone(shared);
     let job = tokio::task::spawn_blocking(move || {
         let started = Instant::now();
-        let result: rusqlite::Result<(i64, i64, i64)> =
-            writer
-                .db
-                .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                });
+        let result = wal_checkpoint(&writer.db, "PASSIVE");
         match result {
             Ok((busy, n_wal_frames, n_checkpointed)) => debug!(
                 busy,
@@ -465,12 +461,7 @@ async fn restart_wal_if_due(
 /// `checkpoint_after_bytes` later. A failure poisons, as any checkpoint's does.
 fn restart_wal(shared: &Shared, writer: &mut Writer) {
     let started = Instant::now();
-    let result: rusqlite::Result<(i64, i64, i64)> =
-        writer
-            .db
-            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            });
+    let result = wal_checkpoint(&writer.db, "TRUNCATE");
     match result {
         Ok((busy, n_wal_frames, n_checkpointed)) => {
             debug!(
@@ -500,6 +491,14 @@ fn restart_wal(shared: &Shared, writer: &mut Writer) {
     }
 }
 
+/// `PRAGMA wal_checkpoint(mode)` on `db`; SQLite's answer: whether it was blocked (1) or not (0),
+/// the frames in the WAL, and the frames now copied into the database.
+fn wal_checkpoint(db: &Connection, mode: &'static str) -> rusqlite::Result<(i64, i64, i64)> {
+    db.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+    })
+}
+
 /// A passive checkpoint on the checkpoint connection (opened on first use, returned for reuse). A
 /// failure poisons: the checkpoint's fsync of the database file is as much a sync as a commit's.
 fn run_checkpoint(shared: &Shared, db: Option<Db>) -> Option<Db> {
@@ -517,10 +516,7 @@ fn run_checkpoint(shared: &Shared, db: Option<Db>) -> Option<Db> {
             }
         },
     };
-    let result: rusqlite::Result<(i64, i64, i64)> =
-        db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        });
+    let result = wal_checkpoint(&db, "PASSIVE");
     match result {
         Ok((busy, n_wal_frames, n_checkpointed)) => {
             shared.counters.n_checkpoints.fetch_add(1, Ordering::SeqCst);
@@ -717,8 +713,8 @@ mod tests {
     /// made while it ran do) leaves the WAL to grow: the next commits append to it. Its catch-up
     /// copies the rest, and SQLite starts the WAL over at the next commit: the reset is counted, the
     /// frames drop, and the count toward a truncation starts again. A group that writes no page is
-    /// no reset. The catch-up is due once per
-    /// started checkpoint, only once that one finished, never on a poisoned store.
+    /// no reset. The catch-up is due once per started checkpoint, only once that one finished, never
+    /// on a poisoned store.
     #[tokio::test]
     async fn the_catch_up_after_a_checkpoint_lets_the_next_commit_start_the_wal_over() {
         let dir = tempfile::tempdir().expect("tempdir");
