@@ -21,6 +21,11 @@
 //! - `concurrent_turns`: 1,000 agents running one turn each at once, against 1,000 tokio tasks
 //!   each running the hand loop's turn, on the same memory store.
 //!
+//! `DSH_BENCH_CLOCK=cpu` makes `agent_turn` measure the process's CPU time (every thread, user and
+//! kernel: `CLOCK_PROCESS_CPUTIME_ID`) instead of the wall clock, so its figures are CPU per turn:
+//! steadier than wall time on a shared machine, and they count what hand-offs between threads cost
+//! (futex wakes, context switches) where the wall clock would hide it behind an idle core.
+//!
 //! Run: `cargo bench -p dsh --bench runtime` (one group: append its name).
 
 use std::sync::Arc;
@@ -392,6 +397,42 @@ async fn hand_turn(
     store.append(&session.id, pending).await.expect("append");
 }
 
+/// What `agent_turn` measures: the wall clock, or with `DSH_BENCH_CLOCK=cpu` the process's CPU time.
+#[derive(Clone, Copy)]
+enum Stopwatch {
+    Wall(Instant),
+    Cpu(Duration),
+}
+
+impl Stopwatch {
+    fn cpu_clock() -> bool {
+        std::env::var("DSH_BENCH_CLOCK").is_ok_and(|v| v == "cpu")
+    }
+
+    fn process_cpu() -> Duration {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+        Duration::new(
+            u64::try_from(t.tv_sec).unwrap_or(0),
+            u32::try_from(t.tv_nsec).unwrap_or(0),
+        )
+    }
+
+    fn start() -> Stopwatch {
+        if Self::cpu_clock() {
+            Stopwatch::Cpu(Self::process_cpu())
+        } else {
+            Stopwatch::Wall(Instant::now())
+        }
+    }
+
+    fn elapsed(self) -> Duration {
+        match self {
+            Stopwatch::Wall(started) => started.elapsed(),
+            Stopwatch::Cpu(started) => Self::process_cpu().saturating_sub(started),
+        }
+    }
+}
+
 /// `iters` turns of the hand loop, on a fresh session every `ROTATE_TURNS` turns (outside the clock).
 async fn timed_hand_turns(
     store: &dyn SessionStore,
@@ -405,7 +446,7 @@ async fn timed_hand_turns(
     while done < iters {
         let mut session = HandSession::create(store).await;
         let n = (iters - done).min(ROTATE_TURNS);
-        let started = Instant::now();
+        let started = Stopwatch::start();
         for _ in 0..n {
             hand_turn(store, &mut session, template, provider, mode).await;
         }
@@ -423,7 +464,7 @@ async fn timed_agent_turns(host: &Host, iters: u64) -> Duration {
     while done < iters {
         let agent = host.create(spec()).await.expect("create");
         let n = (iters - done).min(ROTATE_TURNS);
-        let started = Instant::now();
+        let started = Stopwatch::start();
         for _ in 0..n {
             agent_turn(&agent).await;
         }

@@ -162,6 +162,15 @@ impl Event {
         serde_json::to_string(self).expect("events always serialize")
     }
 
+    /// `to_json` as UTF-8 bytes, written into a buffer sized for a typical event (a streamed
+    /// chunk's line is ~135 bytes, over `serde_json`'s 128-byte start, so it grew once per event).
+    pub fn to_json_bytes(&self) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(256);
+        // As `to_json`: our own types always serialize, and a `Vec` never fails a write.
+        serde_json::to_writer(&mut buf, self).expect("events always serialize");
+        buf
+    }
+
     /// Parses one v0 event.
     ///
     /// # Errors

@@ -167,9 +167,12 @@ impl Session {
     /// reads a chunk back once its message is assembled (the surface, the history and the request
     /// header never cite one), but the events are no longer the log: the caller must answer log
     /// reads from the store, where the chunks are (so elide only durable events). Also gives back
-    /// the events vector's spare capacity when it is more than a third of it (rarely: after that
-    /// the vector grows by doubling again), so an agent idle after a turn does not keep the slack
-    /// of its last doubling. Returns how many payloads were dropped.
+    /// the events vector's spare capacity when it is more than a third of it, keeping a quarter of
+    /// its length as headroom, so an agent idle after a turn does not keep the slack of its last
+    /// doubling. The headroom is what keeps this rare: trimmed to the length itself, the next
+    /// turn's first append doubled the vector again and the turn's end trimmed it back, so every
+    /// turn reallocated (copied or remapped) the whole log. Now the vector reallocates once per
+    /// quarter of growth, as geometric growth does. Returns how many payloads were dropped.
     pub fn elide_chunks(&mut self, from: u64, to: u64) -> usize {
         let end = usize::try_from(to)
             .unwrap_or(usize::MAX)
@@ -187,9 +190,15 @@ impl Session {
         }
         let len = self.events.len();
         if self.events.capacity() - len > self.events.capacity() / 3 {
-            self.events.shrink_to_fit();
+            self.events.shrink_to(len + len / 4);
         }
         n
+    }
+
+    /// The events vector's capacity (tests: how often the log is reallocated).
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
+        self.events.capacity()
     }
 
     /// Gives the log up (for hibernation: the events are dropped, the store keeps them).

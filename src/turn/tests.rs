@@ -1459,3 +1459,32 @@ fn an_idle_agent_elides_its_durable_chunks() {
     };
     assert!(!Arc::ptr_eq(c, &elided));
 }
+
+/// Trimming the log's spare capacity when an agent goes idle must not undo the vector's geometric
+/// growth: trimmed to its length, the next turn's first append doubled it and the turn's end
+/// trimmed it back, so every turn reallocated the whole log (a copy or a remap, O(history) a turn).
+/// With a quarter of headroom kept, 300 turns reallocate it a few dozen times, and the slack an
+/// idle agent keeps stays under half its length.
+#[test]
+fn eliding_chunks_does_not_reallocate_the_log_every_turn() {
+    const TURNS: usize = 300;
+    let mut h = Harness::new((0..TURNS).map(|_| text("ok")).collect());
+    let mut capacity = 0;
+    let mut n_changes = 0;
+    for i in 0..TURNS {
+        h.followup(&format!("turn {i}"));
+        h.core.elide_durable_chunks();
+        let session = h.core.session().expect("a live log");
+        let (len, now) = (session.events().len(), session.capacity());
+        assert!(
+            now - len <= len / 2,
+            "turn {i}: {len} events, capacity {now}"
+        );
+        if now != capacity {
+            n_changes += 1;
+            capacity = now;
+        }
+    }
+    assert_eq!(h.turn_end_reasons(), vec![TurnEndReason::Completed; TURNS]);
+    assert!(n_changes < 60, "{n_changes} reallocations in {TURNS} turns");
+}

@@ -42,7 +42,7 @@ impl EncodedEvent {
         EncodedEvent {
             seq: event.seq,
             kind: event.kind().to_string(),
-            json: Bytes::from(event.to_json()),
+            json: Bytes::from(event.to_json_bytes()),
         }
     }
 }
