@@ -17,7 +17,8 @@
 //! kernel CPU, voluntary and involuntary context switches, minor page faults), and `--runtime`
 //! picks where the agent and its driver run: `two` (default: a 2-worker runtime, the driver on the
 //! thread that blocks on it), `task` (the driver a task on those workers, as `dsh sim`'s are),
-//! `pinned` (the agent on a host thread of its own, `HostConfig::agent_threads = 1`) or `one` (a
+//! `pinned` (the agent on a host thread of its own, `HostConfig::agent_threads = 1`), `beside`
+//! (pinned, and the driver spawned beside it with `AgentHandle::spawn_beside`) or `one` (a
 //! single-threaded runtime: nothing crosses a thread).
 //!
 //! Run: `cargo bench -p dsh --bench history [-- --long 4900 --short 100 --window 100 --rounds 3]`.
@@ -98,8 +99,16 @@ async fn only(host: &Host, spec: AgentSpec, n: u64, runtime: &str) {
     let agent = host.create(spec).await.expect("create");
     let before = usage();
     let started = Instant::now();
-    for _ in 0..n {
-        turn(&agent).await;
+    let driver = agent.clone();
+    let turns = async move {
+        for _ in 0..n {
+            turn(&driver).await;
+        }
+    };
+    if runtime == "beside" {
+        agent.spawn_beside(turns).await.expect("the driver task");
+    } else {
+        turns.await;
     }
     let wall = started.elapsed().as_secs_f64();
     let after = usage();
@@ -150,7 +159,7 @@ fn main() {
         let host = Host::builder(Arc::new(MemoryStore::new()))
             .providers(providers)
             .config(HostConfig {
-                agent_threads: usize::from(runtime == "pinned"),
+                agent_threads: usize::from(runtime == "pinned" || runtime == "beside"),
                 ..HostConfig::default()
             })
             .start()

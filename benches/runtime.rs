@@ -5,7 +5,8 @@
 //!
 //! - `agent_turn`: one agent, sequential turns (followup, then `when_idle`), memory and SQLite
 //!   stores (and the text turn on a single-threaded runtime, `-1thread`, and both turns with the
-//!   agent on the host's own threads, `HostConfig::agent_threads`, `-pinned`), against
+//!   agent on the host's own threads, `HostConfig::agent_threads`, `-pinned`, and with the driver
+//!   spawned beside it, `-pinned-beside`), against
 //!   `baseline/hand_loop`: one tokio task that pulls the same provider streams, runs
 //!   the same tool, and appends the same events (re-sequenced copies of a turn the runtime wrote) to
 //!   the same store, durable at the same checkpoints (before each request, before each tool body, at
@@ -475,6 +476,31 @@ async fn timed_agent_turns(host: &Host, iters: u64) -> Duration {
     total
 }
 
+/// `timed_agent_turns` with each agent's turns driven from a task spawned beside it
+/// (`AgentHandle::spawn_beside`): on a pinned host, on the agent's own thread.
+async fn timed_agent_turns_beside(host: &Host, iters: u64) -> Duration {
+    let mut total = Duration::ZERO;
+    let mut done = 0;
+    while done < iters {
+        let agent = host.create(spec()).await.expect("create");
+        let n = (iters - done).min(ROTATE_TURNS);
+        let driver = agent.clone();
+        total += agent
+            .spawn_beside(async move {
+                let started = Stopwatch::start();
+                for _ in 0..n {
+                    agent_turn(&driver).await;
+                }
+                started.elapsed()
+            })
+            .await
+            .expect("driver task");
+        done += n;
+        host.dispose(agent.id()).await.expect("dispose");
+    }
+    total
+}
+
 fn agent_turn_group(c: &mut Criterion) {
     let rt = runtime();
     let mut g = c.benchmark_group("agent_turn");
@@ -540,6 +566,17 @@ fn agent_turn_group(c: &mut Criterion) {
             });
             rt.block_on(host.shutdown());
         }
+        // Pinned, with the driver spawned beside its agent (`-pinned-beside`): the driver's
+        // messages and the agent's answers never leave the agent's thread.
+        let param = format!("{}-memory-pinned-beside", mode.name());
+        let host = rt.block_on(pinned_host(&store, mode, None, 2));
+        g.bench_function(BenchmarkId::new("dsh/agent", &param), |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let host = host.clone();
+                async move { timed_agent_turns_beside(&host, iters).await }
+            });
+        });
+        rt.block_on(host.shutdown());
     }
     // The same text turn on a single-threaded runtime: no worker wakes another, so the difference
     // to the two-worker figures above is what cross-thread hand-offs cost a lone sequential agent.

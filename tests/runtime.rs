@@ -316,6 +316,86 @@ async fn the_hibernated_count_follows_passivation_wakes_and_evictions() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_spawned_beside_a_pinned_agent_runs_on_its_thread() {
+    // `AgentHandle::spawn_beside`: on the host thread the agent's actor runs on (where its tool
+    // runs), following it when a restart starts the actor on the other thread; unpinned, on the
+    // caller's runtime.
+    let config = dsh_actors::HostConfig {
+        agent_threads: 2,
+        ..dsh_actors::HostConfig::default()
+    };
+    let call = || ScriptEntry::tool_calls([("c1", "where", "{}")]);
+    let w = World::build(
+        vec![
+            call(),
+            ScriptEntry::text("done"),
+            call(),
+            ScriptEntry::text("restarted"),
+        ],
+        vec![TestTool::thread_naming("where")],
+        dsh::hooks::Hooks::new(),
+        config,
+    )
+    .await;
+    let thread_name = || {
+        std::thread::current()
+            .name()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let mut beside = Vec::new();
+    for prompt in ["first", "second"] {
+        // The driver itself runs beside the agent: the turn is driven from the agent's thread.
+        let agent = w.agent.clone();
+        let driver = w.agent.spawn_beside(async move {
+            agent.followup(user(prompt)).await.unwrap();
+            agent.when_idle().await.unwrap();
+            std::thread::current()
+                .name()
+                .unwrap_or_default()
+                .to_string()
+        });
+        beside.push(driver.await.unwrap());
+        if prompt == "first" {
+            w.host.restart(w.agent.id()).await.unwrap();
+        }
+    }
+    let requests = w.script.requests();
+    assert_eq!(requests.len(), 4);
+    let tools = [1, 3].map(|i| tool_result_text(requests[i].messages.last().unwrap()));
+    assert_eq!(beside, tools, "the driver ran where the agent's tool ran");
+    assert!(tools[0].starts_with("dsh-agents-"), "{tools:?}");
+    assert_ne!(
+        tools[0], tools[1],
+        "the restarted actor runs on the next thread"
+    );
+    assert_eq!(
+        w.agent
+            .spawn_beside(async move { thread_name() })
+            .await
+            .unwrap(),
+        tools[1]
+    );
+    w.host.shutdown().await;
+
+    // Unpinned, beside is the caller's runtime: one of this test's workers.
+    let w = World::build(
+        vec![ScriptEntry::text("ok")],
+        vec![],
+        dsh::hooks::Hooks::new(),
+        dsh_actors::HostConfig::default(),
+    )
+    .await;
+    let name = w
+        .agent
+        .spawn_beside(async move { thread_name() })
+        .await
+        .unwrap();
+    assert!(!name.starts_with("dsh-agents-"), "{name}");
+    w.host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pinned_agents_run_on_the_hosts_threads_across_wakes_and_restarts() {
     // `HostConfig::agent_threads`: the agent's actor and its children (here a tool's body) run on
     // one of the host's own threads, and the turn logs exactly what it logs unpinned.

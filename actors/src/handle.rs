@@ -60,6 +60,32 @@ impl AgentHandle {
         &self.slot.id
     }
 
+    /// Spawns `task` beside the agent: on the host thread its actor was last started on when the
+    /// host pins agents (`HostConfig::agent_threads`), otherwise with `tokio::spawn` on the
+    /// caller's runtime (so it must be called from within one, as `tokio::spawn`).
+    ///
+    /// For code that talks to one agent turn after turn (a driver, a session's request handler):
+    /// its messages to the agent and the agent's answers then stay on one thread, with no thread
+    /// woken in between, which on a lone agent is most of a turn's cost on a multi-threaded
+    /// runtime (BENCHMARKS.md, **CPU per turn, by where the agent runs**). A hibernated agent
+    /// wakes on the next thread in turn, so a task spawned before may no longer be beside it;
+    /// everything still works, only across threads.
+    pub fn spawn_beside<F>(&self, task: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let home = self.slot.home.load(Ordering::Relaxed);
+        let thread = usize::try_from(home)
+            .ok()
+            .and_then(|h| h.checked_sub(1))
+            .and_then(|i| self.slot.host.upgrade()?.agent_thread(i));
+        match thread {
+            Some(runtime) => runtime.spawn(task),
+            None => tokio::spawn(task),
+        }
+    }
+
     /// Why a call cannot reach the agent in `state`: failed, disposed, or (otherwise) interrupted.
     fn gone(&self, state: SlotState) -> InputError {
         let id = self.id().clone();

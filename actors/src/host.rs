@@ -546,9 +546,18 @@ impl Registry {
         // On an agent thread, the actor's task and every task it spawns stay on that thread.
         let agent = match &self.threads {
             None => start.await?,
-            Some(threads) => threads.run(start).await.unwrap_or_else(|| {
-                Err(HostError::Spawn("the host's agent threads ended".into()))
-            })?,
+            Some(threads) => {
+                let (thread, agent) = threads
+                    .run(start)
+                    .await
+                    .ok_or_else(|| HostError::Spawn("the host's agent threads ended".into()))?;
+                let home = u32::try_from(thread).map_or(0, |t| t.saturating_add(1));
+                record
+                    .slot
+                    .home
+                    .store(home, std::sync::atomic::Ordering::Relaxed);
+                agent?
+            }
         };
         // The actor published itself as `Live` in `pre_start`: it may already have passivated.
         self.by_actor.insert(agent.get_id(), record.slot.id.clone());
@@ -688,6 +697,10 @@ impl SlotHost for Registry {
             self.spawn(&record, core).await.map_err(|e| e.to_string())
         }
         .boxed()
+    }
+
+    fn agent_thread(&self, i: usize) -> Option<tokio::runtime::Handle> {
+        self.threads.as_ref()?.handle(i).cloned()
     }
 
     fn read_log<'a>(&'a self, id: &'a SessionId) -> BoxFuture<'a, Result<Vec<Event>, String>> {

@@ -11,7 +11,7 @@
 //! this module and the handle never name the host: the dependencies run host → handle → slot, one
 //! way.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use dsh::SessionId;
@@ -60,6 +60,9 @@ pub(crate) trait SlotHost: Send + Sync {
     /// # Errors
     /// The store's failure, as text.
     fn read_log<'a>(&'a self, id: &'a SessionId) -> BoxFuture<'a, Result<Vec<Event>, String>>;
+
+    /// The runtime of the host's agent thread `i` (`HostConfig::agent_threads`), if it has one.
+    fn agent_thread(&self, i: usize) -> Option<tokio::runtime::Handle>;
 }
 
 /// The registry entry of one agent, shared by the host, its actor and every handle.
@@ -85,6 +88,9 @@ pub(crate) struct AgentSlot {
     dormant: Mutex<Option<AgentCore>>,
     /// The host that spawns this agent's actors.
     pub(crate) host: Weak<dyn SlotHost>,
+    /// The host thread the agent's last actor was spawned on, plus one; 0 when it runs on the
+    /// caller's runtime (no `HostConfig::agent_threads`) or has not started yet.
+    pub(crate) home: AtomicU32,
 }
 
 impl std::fmt::Debug for AgentSlot {
@@ -110,6 +116,7 @@ impl AgentSlot {
             write_fence: Arc::new(WriteFence::default()),
             dormant: Mutex::new(None),
             host,
+            home: AtomicU32::new(0),
         }
     }
 

@@ -5,7 +5,8 @@
 //! and the short tasks they spawn) wake each other on whichever worker is free, so one turn's work
 //! can move between workers many times, each move waking a parked thread. Pinned, an agent's actor is spawned on one of these runtimes, and everything it
 //! spawns (ractor and `tokio::spawn` use the runtime they are called from) stays on that thread:
-//! only input from outside and the answers to it cross threads. Agents are spread over the threads
+//! only input from outside and the answers to it cross threads — and not even those for a caller
+//! that runs beside its agent (`AgentHandle::spawn_beside` spawns onto the agent's thread). Agents are spread over the threads
 //! round-robin each time their actor starts (creation, wake, restart), so a fleet still uses every
 //! thread; a thread never steals another's agents, which is the price of the locality.
 //!
@@ -86,14 +87,21 @@ impl AgentThreads {
         })
     }
 
-    /// Runs `work` on the next thread (round-robin) and waits for its outcome. `None` when the
-    /// thread's runtime ended before `work` did (the host is being dropped).
-    pub(crate) async fn run<F>(&self, work: F) -> Option<F::Output>
+    /// Runs `work` on the next thread (round-robin) and waits for its outcome, with the index of
+    /// the thread it ran on. `None` when the thread's runtime ended before `work` did (the host is
+    /// being dropped).
+    pub(crate) async fn run<F>(&self, work: F) -> Option<(usize, F::Output)>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.threads.len();
-        self.threads[i].handle.spawn(work).await.ok()
+        let output = self.threads[i].handle.spawn(work).await.ok()?;
+        Some((i, output))
+    }
+
+    /// The runtime of thread `i`, if there is one.
+    pub(crate) fn handle(&self, i: usize) -> Option<&Handle> {
+        self.threads.get(i).map(|t| &t.handle)
     }
 }

@@ -182,8 +182,9 @@ pub struct SimArgs {
     #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
     pub context_window: Option<u64>,
     /// Pin the agents to this many threads of the host's own, each a single-threaded runtime (an
-    /// agent's actor and children then never change thread; `HostConfig::agent_threads`). 0: the
-    /// agents run on the process's multi-threaded runtime, as any task.
+    /// agent's actor and children then never change thread; `HostConfig::agent_threads`; `dsh
+    /// sim` also runs each agent's driver beside it, `AgentHandle::spawn_beside`). 0: the agents
+    /// run on the process's multi-threaded runtime, as any task.
     #[arg(long, default_value_t = 0, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=256))]
     pub agent_threads: usize,
     /// Several nodes on one PostgreSQL database (SPEC §14): run the same workload on 1, 2, …, N

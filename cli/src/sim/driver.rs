@@ -495,8 +495,11 @@ async fn run_turns(
                     .binary_search(&agent_idx)
                     .is_ok()
                     .then(|| Arc::clone(&steers));
-                let driver = tokio::spawn(drive(
-                    agents[agent_idx].clone(),
+                // Beside its agent: with `--agent-threads`, on the agent's own thread, so the
+                // driver's inputs and the agent's answers never wake another thread.
+                let agent = &agents[agent_idx];
+                let driver = agent.spawn_beside(drive(
+                    agent.clone(),
                     agent_idx,
                     Arc::clone(&plan),
                     started,
