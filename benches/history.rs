@@ -134,6 +134,10 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .map_or("two", String::as_str)
         .to_string();
+    assert!(
+        ["one", "two", "task", "pinned", "beside"].contains(&runtime.as_str()),
+        "--runtime takes one, two, task, pinned or beside, not {runtime:?}"
+    );
     let long = arg(&args, "--long").unwrap_or(4_900);
     let short = arg(&args, "--short").unwrap_or(100);
     let window = arg(&args, "--window").unwrap_or(100).max(1);

@@ -3,10 +3,11 @@
 //!
 //! On tokio's multi-threaded runtime the tasks of one agent (its actor, stream, writer, tool pool
 //! and the short tasks they spawn) wake each other on whichever worker is free, so one turn's work
-//! can move between workers many times, each move waking a parked thread. Pinned, an agent's actor is spawned on one of these runtimes, and everything it
-//! spawns (ractor and `tokio::spawn` use the runtime they are called from) stays on that thread:
-//! only input from outside and the answers to it cross threads — and not even those for a caller
-//! that runs beside its agent (`AgentHandle::spawn_beside` spawns onto the agent's thread). Agents are spread over the threads
+//! can move between workers many times, each move waking a parked thread. Pinned, an agent's actor
+//! is spawned on one of these runtimes, and everything it spawns (ractor and `tokio::spawn` use the
+//! runtime they are called from) stays on that thread: only input from outside and the answers to
+//! it cross threads — and not even those for a caller that runs beside its agent
+//! (`AgentHandle::spawn_beside` spawns onto the agent's thread). Agents are spread over the threads
 //! round-robin each time their actor starts (creation, wake, restart), so a fleet still uses every
 //! thread; a thread never steals another's agents, which is the price of the locality.
 //!
