@@ -219,9 +219,10 @@ async fn tasks_ended(baseline: usize) {
 
 /// What a hibernated agent keeps, counted exactly (live heap, not RSS): 2,000 agents made as
 /// `dsh sim` makes them (one config, a system prompt, created one after the other), hibernated,
-/// then one turn each all at once (a burst), hibernated again. Nothing of the awake phase may
-/// survive hibernation: the live heap after the burst equals the heap after creation, up to the
-/// tables that grew with the number of agents awake at once.
+/// then one turn each all at once (a burst), hibernated again; then the same with 2,000 more.
+/// Nothing of the awake phase may survive hibernation: the live heap after the burst equals the
+/// heap after creation, up to the tables that grew with the number of agents awake at once, in at
+/// least one of the two windows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hibernated_agent_keeps_nothing_of_its_turn() {
     let _serial = SERIAL.lock().await;
@@ -273,34 +274,44 @@ async fn a_hibernated_agent_keeps_nothing_of_its_turn() {
     let warm = burst(warm).await;
     drop(warm);
 
+    // Measured twice, on two sets of agents: a turn's true leftover is in both windows, while a
+    // one-off step of a host-wide buffer (the store's request queue reaching a new depth keeps its
+    // blocks; a table doubling) lands in at most one of them. A loaded CI run once saw 71 bytes an
+    // agent in a single window, where runs alone see 0–17.
     let n = 2_000;
-    let before = live_bytes();
-    let mut agents = Vec::with_capacity(n);
-    for _ in 0..n {
-        agents.push(
-            host.create(AgentSpec::new(config.clone()))
-                .await
-                .expect("agent created"),
+    let mut windows = Vec::new();
+    let mut kept = Vec::new();
+    for _ in 0..2 {
+        let before = live_bytes();
+        let mut agents = Vec::with_capacity(n);
+        for _ in 0..n {
+            agents.push(
+                host.create(AgentSpec::new(config.clone()))
+                    .await
+                    .expect("agent created"),
+            );
+        }
+        all_hibernated(&agents).await;
+        tasks_ended(baseline_tasks).await;
+        let created = (live_bytes() - before) / n as i64;
+        let agents = burst(agents).await;
+        let after_turn = (live_bytes() - before) / n as i64;
+        println!(
+            "live heap per hibernated agent: {created} bytes once created, {after_turn} after a turn in a burst of {n}"
         );
+        assert!(
+            created <= HIBERNATED_HEAP_MAX,
+            "{created} bytes of heap per hibernated agent (bound {HIBERNATED_HEAP_MAX})"
+        );
+        windows.push((created, after_turn));
+        kept.push(agents);
     }
-    all_hibernated(&agents).await;
-    tasks_ended(baseline_tasks).await;
-    let created = (live_bytes() - before) / n as i64;
-    let agents = burst(agents).await;
-    let after_turn = (live_bytes() - before) / n as i64;
-    println!(
-        "live heap per hibernated agent: {created} bytes once created, {after_turn} after a turn in a burst of {n}"
-    );
+    let leftover = windows.iter().map(|(c, a)| a - c).min().unwrap_or(i64::MAX);
     assert!(
-        created <= HIBERNATED_HEAP_MAX,
-        "{created} bytes of heap per hibernated agent (bound {HIBERNATED_HEAP_MAX})"
+        leftover <= TURN_LEFTOVER_MAX,
+        "a turn left {leftover} bytes per hibernated agent in both windows (created, after: {windows:?})"
     );
-    assert!(
-        after_turn <= created + TURN_LEFTOVER_MAX,
-        "a turn left {} bytes per hibernated agent (created: {created}, after: {after_turn})",
-        after_turn - created
-    );
-    drop(agents);
+    drop(kept);
     host.shutdown().await;
     store.close().await.expect("store closes");
 }
