@@ -458,43 +458,27 @@ async fn timed_hand_turns(
 }
 
 /// `iters` turns of one agent, on a fresh agent every `ROTATE_TURNS` turns (created and disposed
-/// outside the clock).
-async fn timed_agent_turns(host: &Host, iters: u64) -> Duration {
-    let mut total = Duration::ZERO;
-    let mut done = 0;
-    while done < iters {
-        let agent = host.create(spec()).await.expect("create");
-        let n = (iters - done).min(ROTATE_TURNS);
-        let started = Stopwatch::start();
-        for _ in 0..n {
-            agent_turn(&agent).await;
-        }
-        total += started.elapsed();
-        done += n;
-        host.dispose(agent.id()).await.expect("dispose");
-    }
-    total
-}
-
-/// `timed_agent_turns` with each agent's turns driven from a task spawned beside it
+/// outside the clock). With `beside`, each agent's turns are driven from a task spawned beside it
 /// (`AgentHandle::spawn_beside`): on a pinned host, on the agent's own thread.
-async fn timed_agent_turns_beside(host: &Host, iters: u64) -> Duration {
+async fn timed_agent_turns(host: &Host, iters: u64, beside: bool) -> Duration {
     let mut total = Duration::ZERO;
     let mut done = 0;
     while done < iters {
         let agent = host.create(spec()).await.expect("create");
         let n = (iters - done).min(ROTATE_TURNS);
         let driver = agent.clone();
-        total += agent
-            .spawn_beside(async move {
-                let started = Stopwatch::start();
-                for _ in 0..n {
-                    agent_turn(&driver).await;
-                }
-                started.elapsed()
-            })
-            .await
-            .expect("driver task");
+        let turns = async move {
+            let started = Stopwatch::start();
+            for _ in 0..n {
+                agent_turn(&driver).await;
+            }
+            started.elapsed()
+        };
+        total += if beside {
+            agent.spawn_beside(turns).await.expect("driver task")
+        } else {
+            turns.await
+        };
         done += n;
         host.dispose(agent.id()).await.expect("dispose");
     }
@@ -530,7 +514,7 @@ fn agent_turn_group(c: &mut Criterion) {
             g.bench_function(BenchmarkId::new("dsh/agent", &param), |b| {
                 b.to_async(&rt).iter_custom(|iters| {
                     let host = host.clone();
-                    async move { timed_agent_turns(&host, iters).await }
+                    async move { timed_agent_turns(&host, iters, false).await }
                 });
             });
             rt.block_on(host.shutdown());
@@ -545,7 +529,7 @@ fn agent_turn_group(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("dsh/agent", &param), |b| {
             b.to_async(&rt).iter_custom(|iters| {
                 let host = host.clone();
-                async move { timed_agent_turns(&host, iters).await }
+                async move { timed_agent_turns(&host, iters, false).await }
             });
         });
         rt.block_on(host.shutdown());
@@ -558,7 +542,7 @@ fn agent_turn_group(c: &mut Criterion) {
                 b.to_async(&rt).iter_custom(|iters| {
                     let host = host.clone();
                     async move {
-                        tokio::spawn(async move { timed_agent_turns(&host, iters).await })
+                        tokio::spawn(async move { timed_agent_turns(&host, iters, false).await })
                             .await
                             .expect("driver task")
                     }
@@ -573,7 +557,7 @@ fn agent_turn_group(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("dsh/agent", &param), |b| {
             b.to_async(&rt).iter_custom(|iters| {
                 let host = host.clone();
-                async move { timed_agent_turns_beside(&host, iters).await }
+                async move { timed_agent_turns(&host, iters, true).await }
             });
         });
         rt.block_on(host.shutdown());
@@ -600,7 +584,7 @@ fn agent_turn_group(c: &mut Criterion) {
     g.bench_function(BenchmarkId::new("dsh/agent", param), |b| {
         b.to_async(&rt1).iter_custom(|iters| {
             let host = host.clone();
-            async move { timed_agent_turns(&host, iters).await }
+            async move { timed_agent_turns(&host, iters, false).await }
         });
     });
     rt1.block_on(host.shutdown());

@@ -315,6 +315,27 @@ async fn the_hibernated_count_follows_passivation_wakes_and_evictions() {
     w.host.shutdown().await;
 }
 
+/// A world on `config` whose model answers each prompt with a call of the `where` tool (which
+/// answers with the name of the thread it ran on) and then the next of `replies`.
+async fn where_world(config: dsh_actors::HostConfig, replies: &[&str]) -> World {
+    let script = replies
+        .iter()
+        .flat_map(|reply| {
+            [
+                ScriptEntry::tool_calls([("c1", "where", "{}")]),
+                ScriptEntry::text(*reply),
+            ]
+        })
+        .collect();
+    World::build(
+        script,
+        vec![TestTool::thread_naming("where")],
+        dsh::hooks::Hooks::new(),
+        config,
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_spawned_beside_a_pinned_agent_runs_on_its_thread() {
     // `AgentHandle::spawn_beside`: on the host thread the agent's actor runs on (where its tool
@@ -324,19 +345,7 @@ async fn a_task_spawned_beside_a_pinned_agent_runs_on_its_thread() {
         agent_threads: 2,
         ..dsh_actors::HostConfig::default()
     };
-    let call = || ScriptEntry::tool_calls([("c1", "where", "{}")]);
-    let w = World::build(
-        vec![
-            call(),
-            ScriptEntry::text("done"),
-            call(),
-            ScriptEntry::text("restarted"),
-        ],
-        vec![TestTool::thread_naming("where")],
-        dsh::hooks::Hooks::new(),
-        config,
-    )
-    .await;
+    let w = where_world(config, &["done", "restarted"]).await;
     let thread_name = || {
         std::thread::current()
             .name()
@@ -350,10 +359,7 @@ async fn a_task_spawned_beside_a_pinned_agent_runs_on_its_thread() {
         let driver = w.agent.spawn_beside(async move {
             agent.followup(user(prompt)).await.unwrap();
             agent.when_idle().await.unwrap();
-            std::thread::current()
-                .name()
-                .unwrap_or_default()
-                .to_string()
+            thread_name()
         });
         beside.push(driver.await.unwrap());
         if prompt == "first" {
@@ -404,21 +410,7 @@ async fn pinned_agents_run_on_the_hosts_threads_across_wakes_and_restarts() {
         hibernate_after: Some(std::time::Duration::from_millis(5)),
         ..dsh_actors::HostConfig::default()
     };
-    let call = || ScriptEntry::tool_calls([("c1", "where", "{}")]);
-    let w = World::build(
-        vec![
-            call(),
-            ScriptEntry::text("done"),
-            call(),
-            ScriptEntry::text("woken"),
-            call(),
-            ScriptEntry::text("restarted"),
-        ],
-        vec![TestTool::thread_naming("where")],
-        dsh::hooks::Hooks::new(),
-        config,
-    )
-    .await;
+    let w = where_world(config, &["done", "woken", "restarted"]).await;
     w.agent.followup(user("first")).await.unwrap();
     w.agent.when_idle().await.unwrap();
     until_hibernated(&w.agent).await;
