@@ -330,7 +330,8 @@ async fn hand_turn(
 ) {
     session.turn += 1;
     let turn = session.turn;
-    let mut pending: Vec<EncodedEvent> = Vec::with_capacity(template.len());
+    // Events since the last checkpoint, encoded in one batch at the checkpoint (as the agent does).
+    let mut pending: Vec<Event> = Vec::with_capacity(template.len());
     let mut idx = 0;
     let mut n_requests = 0;
     while idx < template.len() {
@@ -339,9 +340,10 @@ async fn hand_turn(
             // Checkpoint: everything before a request is durable before it is sent.
             let step = c.step;
             store
-                .append(&session.id, std::mem::take(&mut pending))
+                .append(&session.id, EncodedEvent::encode_all(&pending))
                 .await
                 .expect("append");
+            pending.clear();
             let mut stream = provider.step(mode == Mode::Tools && n_requests == 0);
             n_requests += 1;
             while let Some(chunk) = stream.next().await {
@@ -356,7 +358,7 @@ async fn hand_turn(
                     surface_op: None,
                     raw_data: None,
                 };
-                pending.push(EncodedEvent::encode(&e));
+                pending.push(e);
                 session.next_seq += 1;
             }
             while idx < template.len() && template[idx].kind() == "assistant/chunk" {
@@ -374,14 +376,15 @@ async fn hand_turn(
                 *s = (*s as i64 + shift) as u64;
             }
         }
-        pending.push(EncodedEvent::encode(&e));
+        pending.push(e);
         session.next_seq += 1;
         if let EventData::ToolCall(call) = &event.data {
             // Checkpoint: the call is durable before its body starts.
             store
-                .append(&session.id, std::mem::take(&mut pending))
+                .append(&session.id, EncodedEvent::encode_all(&pending))
                 .await
                 .expect("append");
+            pending.clear();
             let invocation = ToolInvocation {
                 session_id: session.id.clone(),
                 turn,
@@ -395,7 +398,10 @@ async fn hand_turn(
         }
         idx += 1;
     }
-    store.append(&session.id, pending).await.expect("append");
+    store
+        .append(&session.id, EncodedEvent::encode_all(&pending))
+        .await
+        .expect("append");
 }
 
 /// What `agent_turn` measures: the wall clock, or with `DSH_BENCH_CLOCK=cpu` the process's CPU time.

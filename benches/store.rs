@@ -40,7 +40,7 @@ fn chunk_event(seq: u64, text: &str) -> EncodedEvent {
     );
     EncodedEvent {
         seq,
-        kind: "assistant/chunk".to_string(),
+        kind: "assistant/chunk".into(),
         json: Bytes::from(json),
     }
 }
@@ -74,7 +74,7 @@ async fn sqlite_fixture(
             .enumerate()
             .map(|(seq, json)| EncodedEvent {
                 seq: seq as u64,
-                kind: if seq == 0 { "turn/start" } else { "step/start" }.to_string(),
+                kind: if seq == 0 { "turn/start" } else { "step/start" }.into(),
                 json: Bytes::from(*json),
             })
             .collect();

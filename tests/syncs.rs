@@ -71,7 +71,7 @@ impl SessionStore for CountingStore {
         self.inner.create(header).await
     }
     async fn append(&self, id: &SessionId, events: Vec<EncodedEvent>) -> Result<(), StoreError> {
-        let kinds = events.iter().map(|e| e.kind.clone()).collect();
+        let kinds = events.iter().map(|e| e.kind.to_string()).collect();
         self.batches.lock().expect("not poisoned").push(kinds);
         self.appends.fetch_add(1, Ordering::SeqCst);
         self.inner.append(id, events).await

@@ -186,6 +186,6 @@ async fn commit(
         return Err(exists(id));
     }
     store.create(header).await.map_err(store_err)?;
-    let encoded: Vec<EncodedEvent> = events.iter().map(EncodedEvent::encode).collect();
+    let encoded: Vec<EncodedEvent> = EncodedEvent::encode_all(events);
     store.append(id, encoded).await.map_err(store_err)
 }

@@ -166,11 +166,16 @@ impl Event {
     /// chunk's line is ~135 bytes, over `serde_json`'s 128-byte start, so it grew once per event).
     pub fn to_json_bytes(&self) -> Vec<u8> {
         let mut buf = Vec::with_capacity(256);
-        if !self.write_delta_chunk(&mut buf) {
-            // As `to_json`: our own types always serialize, and a `Vec` never fails a write.
-            serde_json::to_writer(&mut buf, self).expect("events always serialize");
-        }
+        self.write_json(&mut buf);
         buf
+    }
+
+    /// Appends `to_json`'s bytes to `buf` (what `EncodedEvent::encode_all` writes a batch with).
+    pub fn write_json(&self, buf: &mut Vec<u8>) {
+        if !self.write_delta_chunk(buf) {
+            // As `to_json`: our own types always serialize, and a `Vec` never fails a write.
+            serde_json::to_writer(&mut *buf, self).expect("events always serialize");
+        }
     }
 
     /// Writes the most common event of a log, an `assistant/chunk` with a text or reasoning delta
@@ -342,6 +347,15 @@ impl EventData {
     /// The event's v0 `type` tag, e.g. `turn/start`.
     pub fn kind(&self) -> &str {
         match self {
+            EventData::Other { kind, .. } => kind,
+            known => known.known_kind().unwrap_or_default(),
+        }
+    }
+
+    /// The `type` of every event but `Other`'s, as a `&'static str` (so a store's `kind` column
+    /// costs no allocation); `None` for `Other`.
+    pub fn known_kind(&self) -> Option<&'static str> {
+        Some(match self {
             EventData::InboxSpliced(_) => "agent/inbox/spliced",
             EventData::TurnStart(_) => "turn/start",
             EventData::TurnEnd(_) => "turn/end",
@@ -357,8 +371,8 @@ impl EventData {
             EventData::LlmRetry(_) => "llm/retry",
             EventData::LlmRetryStarted(_) => "llm/retry-started",
             EventData::SessionEndSeed => "session/end-seed",
-            EventData::Other { kind, .. } => kind,
-        }
+            EventData::Other { .. } => return None,
+        })
     }
 
     /// The message this event contributes to the surface, if it is a surface type.

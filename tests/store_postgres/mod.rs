@@ -114,7 +114,7 @@ async fn postgres_concurrent_sessions_keep_their_exact_json_across_reopen() {
             .map(|e| {
                 (
                     e.seq as i64,
-                    e.kind,
+                    e.kind.into_owned(),
                     String::from_utf8(e.json.to_vec()).unwrap(),
                 )
             })

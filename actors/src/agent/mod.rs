@@ -518,7 +518,7 @@ impl AgentActor {
         let flush = std::mem::take(&mut state.flush_chunks);
         if !state.core.unsent().is_empty() && (flush || !self.hold_chunks(state)) {
             let unsent = state.core.unsent();
-            let batch: Vec<EncodedEvent> = unsent.iter().map(EncodedEvent::encode).collect();
+            let batch: Vec<EncodedEvent> = EncodedEvent::encode_all(unsent);
             if self.observed() {
                 state.publishing.extend(
                     unsent

@@ -387,7 +387,7 @@ pub async fn import_session(
         return Err(ApiError::from_store(&StoreError::AlreadyExists { id }));
     }
     store.create(&imported.header).await.map_err(conflict)?;
-    let encoded: Vec<EncodedEvent> = imported.events.iter().map(EncodedEvent::encode).collect();
+    let encoded: Vec<EncodedEvent> = EncodedEvent::encode_all(&imported.events);
     let n = encoded.len();
     store.append(&id, encoded).await.map_err(conflict)?;
     tracing::info!(session = %id, events = n, "session imported");

@@ -26,7 +26,7 @@ pub(super) fn ceiling_event(seq: u64, event_bytes: usize) -> EncodedEvent {
     json.push_str(tail);
     EncodedEvent {
         seq,
-        kind: "assistant/chunk".to_string(),
+        kind: "assistant/chunk".into(),
         json: Bytes::from(json),
     }
 }
@@ -51,7 +51,7 @@ pub(super) async fn store_ceiling(
         .enumerate()
         .map(|(seq, json)| EncodedEvent {
             seq: seq as u64,
-            kind: if seq == 0 { "turn/start" } else { "step/start" }.to_string(),
+            kind: if seq == 0 { "turn/start" } else { "step/start" }.into(),
             json: Bytes::from_static(json.as_bytes()),
         })
         .collect();

@@ -36,8 +36,9 @@ use crate::session::store::{
 #[derive(Clone, Debug)]
 struct Row {
     seq: u64,
-    /// Shared, so copying rows out of the lock to parse them costs no allocation.
-    kind: std::sync::Arc<str>,
+    /// Borrowed for the runtime's own types, so copying rows out of the lock to parse them costs
+    /// no allocation (an `Other` event's kind is copied).
+    kind: std::borrow::Cow<'static, str>,
     json: Bytes,
 }
 
@@ -158,7 +159,7 @@ impl MemoryStore {
         }
         session.rows.push(Row {
             seq,
-            kind: kind.into(),
+            kind: std::borrow::Cow::Owned(kind.to_string()),
             json: json.into(),
         });
         Ok(())
@@ -182,7 +183,7 @@ impl MemoryStore {
             .get_mut(id)
             .and_then(|s| s.rows.iter_mut().find(|r| r.seq == seq))
             .ok_or_else(|| StoreError::NotFound { id: id.clone() })?;
-        row.kind = kind.into();
+        row.kind = std::borrow::Cow::Owned(kind.to_string());
         row.json = json.into();
         Ok(())
     }
@@ -232,7 +233,7 @@ impl MemoryStore {
 fn rows_of(events: Vec<EncodedEvent>) -> impl Iterator<Item = Row> {
     events.into_iter().map(|e| Row {
         seq: e.seq,
-        kind: e.kind.into(),
+        kind: e.kind,
         json: e.json,
     })
 }

@@ -18,6 +18,9 @@ pub mod postgres;
 pub(crate) mod scan;
 pub mod sqlite;
 
+use std::borrow::Cow;
+use std::cell::RefCell;
+
 use async_trait::async_trait;
 use bytes::Bytes;
 
@@ -30,10 +33,26 @@ use crate::session::event::{Event, SessionHeader};
 pub struct EncodedEvent {
     /// The event's seq.
     pub seq: u64,
-    /// The event's `type`, kept beside the JSON so a backend can index it without parsing.
-    pub kind: String,
+    /// The event's `type`, kept beside the JSON so a backend can index it without parsing. Borrowed
+    /// for every type the runtime writes (no allocation per event), owned for an `Other` event's.
+    pub kind: Cow<'static, str>,
     /// The event as `Event::to_json` writes it: what the store keeps.
     pub json: Bytes,
+}
+
+/// A batch's JSON is written here first, then copied once into a buffer of its exact size.
+struct Scratch {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+/// Scratch capacity kept between batches at most; a larger batch's buffer is given back.
+const SCRATCH_KEPT_MAX: usize = 64 * 1024;
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = const {
+        RefCell::new(Scratch { bytes: Vec::new(), ends: Vec::new() })
+    };
 }
 
 impl EncodedEvent {
@@ -41,10 +60,68 @@ impl EncodedEvent {
     pub fn encode(event: &Event) -> EncodedEvent {
         EncodedEvent {
             seq: event.seq,
-            kind: event.kind().to_string(),
+            kind: kind_of(event),
             json: Bytes::from(event.to_json_bytes()),
         }
     }
+
+    /// Serializes `events`, in order, into one buffer of exactly their size that their `json`s
+    /// share: one allocation for the bytes and one for the share count per batch, where `encode`
+    /// costs two per event (and keeps each line's spare capacity). The bytes are `encode`'s.
+    pub fn encode_all(events: &[Event]) -> Vec<EncodedEvent> {
+        if events.is_empty() {
+            return Vec::new();
+        }
+        SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => encode_into(events, &mut scratch),
+            // Only a re-entrant call finds it borrowed; it gets a scratch of its own.
+            Err(_) => encode_into(
+                events,
+                &mut Scratch {
+                    bytes: Vec::new(),
+                    ends: Vec::new(),
+                },
+            ),
+        })
+    }
+}
+
+fn kind_of(event: &Event) -> Cow<'static, str> {
+    match event.data.known_kind() {
+        Some(kind) => Cow::Borrowed(kind),
+        None => Cow::Owned(event.kind().to_string()),
+    }
+}
+
+fn encode_into(events: &[Event], scratch: &mut Scratch) -> Vec<EncodedEvent> {
+    scratch.bytes.clear();
+    scratch.ends.clear();
+    for event in events {
+        event.write_json(&mut scratch.bytes);
+        scratch.ends.push(scratch.bytes.len());
+    }
+    let all = Bytes::copy_from_slice(&scratch.bytes);
+    let mut start = 0;
+    let encoded = events
+        .iter()
+        .zip(&scratch.ends)
+        .map(|(event, &end)| {
+            let json = all.slice(start..end);
+            start = end;
+            EncodedEvent {
+                seq: event.seq,
+                kind: kind_of(event),
+                json,
+            }
+        })
+        .collect();
+    if scratch.bytes.capacity() > SCRATCH_KEPT_MAX {
+        scratch.bytes = Vec::new();
+    }
+    if scratch.ends.capacity() > SCRATCH_KEPT_MAX / 64 {
+        scratch.ends = Vec::new();
+    }
+    encoded
 }
 
 /// A session read back by `load`: validated, with an open tail turn closed durably.
@@ -253,5 +330,98 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn release_epoch(&self, id: &SessionId, epoch: u64) -> Result<(), StoreError> {
         let _ = (id, epoch);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every log of the original's corpus, as events.
+    fn corpus() -> Vec<Vec<Event>> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dsh-logs");
+        let mut logs = Vec::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "jsonl") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                let events: Vec<Event> = text
+                    .lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .filter_map(|l| Event::from_json(l).ok())
+                    .collect();
+                logs.push(events);
+            }
+        }
+        assert!(
+            logs.len() > 10,
+            "the corpus is missing from {}",
+            dir.display()
+        );
+        logs
+    }
+
+    #[test]
+    fn encode_all_writes_what_encode_writes_event_by_event() {
+        let mut n_other = 0;
+        for events in corpus() {
+            let one_by_one: Vec<EncodedEvent> = events.iter().map(EncodedEvent::encode).collect();
+            // The whole log, and the same log cut into the uneven batches an agent sends.
+            assert_eq!(EncodedEvent::encode_all(&events), one_by_one);
+            let mut batched = Vec::new();
+            for batch in events.chunks(7) {
+                batched.extend(EncodedEvent::encode_all(batch));
+            }
+            assert_eq!(batched, one_by_one);
+            for (event, encoded) in events.iter().zip(&one_by_one) {
+                assert_eq!(encoded.json, event.to_json().as_bytes());
+                assert_eq!(encoded.kind, event.kind());
+                if matches!(event.data, crate::session::event::EventData::Other { .. }) {
+                    n_other += 1;
+                    assert!(matches!(encoded.kind, Cow::Owned(_)));
+                } else {
+                    assert!(matches!(encoded.kind, Cow::Borrowed(_)));
+                }
+            }
+        }
+        assert!(
+            n_other > 0,
+            "the corpus has events of types the runtime does not write"
+        );
+        assert!(EncodedEvent::encode_all(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_batch_shares_one_buffer_of_its_exact_size() {
+        let events: Vec<Event> = corpus().into_iter().flatten().take(40).collect();
+        let encoded = EncodedEvent::encode_all(&events);
+        let total: usize = encoded.iter().map(|e| e.json.len()).sum();
+        let first = encoded[0].json.as_ptr();
+        for (i, e) in encoded.iter().enumerate() {
+            let offset = e.json.as_ptr() as usize - first as usize;
+            let before: usize = encoded[..i].iter().map(|e| e.json.len()).sum();
+            assert_eq!(
+                offset, before,
+                "event {i} is not where the batch's bytes put it"
+            );
+        }
+        assert_eq!(
+            total,
+            events.iter().map(|e| e.to_json().len()).sum::<usize>()
+        );
+    }
+
+    #[test]
+    fn a_large_batch_leaves_no_large_scratch_behind() {
+        let events: Vec<Event> = corpus().into_iter().flatten().collect();
+        let total: usize = events.iter().map(|e| e.to_json().len()).sum();
+        assert!(total > SCRATCH_KEPT_MAX, "the corpus is {total} bytes");
+        let encoded = EncodedEvent::encode_all(&events);
+        assert_eq!(encoded.len(), events.len());
+        SCRATCH.with(|cell| {
+            let scratch = cell.borrow();
+            assert!(scratch.bytes.capacity() <= SCRATCH_KEPT_MAX);
+            assert!(scratch.ends.capacity() <= SCRATCH_KEPT_MAX / 64);
+        });
     }
 }

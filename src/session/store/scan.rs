@@ -68,7 +68,7 @@ pub(crate) struct Scanned {
 impl Scanned {
     /// The closers as store records.
     pub fn encoded_closers(&self) -> Vec<EncodedEvent> {
-        self.closers.iter().map(EncodedEvent::encode).collect()
+        EncodedEvent::encode_all(&self.closers)
     }
 
     /// Whether a `load` has anything to write: a tail to cut or closers to append.

@@ -229,7 +229,7 @@ fn params_of(request: &Request) -> Result<Option<Params<'_>>, StoreError> {
                     i64::try_from(e.seq)
                         .map_err(|_| invalid(format!("seq {} too large", e.seq)))?,
                 );
-                kinds.push(e.kind.as_str());
+                kinds.push(&*e.kind);
                 jsons.push(
                     std::str::from_utf8(&e.json)
                         .map_err(|_| invalid(format!("event {} is not UTF-8", e.seq)))?,

@@ -696,7 +696,7 @@ mod tests {
         let events = (first_seq..first_seq + n)
             .map(|seq| EncodedEvent {
                 seq,
-                kind: "x".to_string(),
+                kind: "x".into(),
                 json: bytes::Bytes::from(format!(r#"{{"seq":{seq},"pad":"{}"}}"#, "p".repeat(900))),
             })
             .collect();
