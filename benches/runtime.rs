@@ -719,8 +719,45 @@ fn lifecycle_group(c: &mut Criterion) {
             }
         });
     });
-    g.finish();
     rt.block_on(host.shutdown());
+    // Creation on SQLite: an id the host mints (`create_minted`: no lookup) against an id the
+    // caller names (`create` looks it up in the database first), on one store, same run.
+    let sqlite = BenchStore::open(StoreKind::Sqlite, &rt);
+    let sqlite_host = rt.block_on(self::host(&sqlite, Mode::Text, None));
+    let named = Arc::new(AtomicU64::new(0));
+    for param in ["minted", "named"] {
+        g.bench_function(BenchmarkId::new("dsh/create-sqlite", param), |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let host = sqlite_host.clone();
+                let named = Arc::clone(&named);
+                async move {
+                    let specs: Vec<AgentSpec> = (0..iters)
+                        .map(|_| match param {
+                            "named" => {
+                                let n = named.fetch_add(1, Ordering::Relaxed);
+                                let id = SessionId::new(&format!("named-{n:09}")).expect("an id");
+                                spec().with_id(id)
+                            }
+                            _ => spec(),
+                        })
+                        .collect();
+                    let mut agents = Vec::with_capacity(iters as usize);
+                    let started = Instant::now();
+                    for spec in specs {
+                        agents.push(host.create(spec).await.expect("create"));
+                    }
+                    let elapsed = started.elapsed();
+                    for agent in agents {
+                        host.dispose(agent.id()).await.expect("dispose");
+                    }
+                    elapsed
+                }
+            });
+        });
+    }
+    g.finish();
+    rt.block_on(sqlite_host.shutdown());
+    sqlite.close(&rt);
 }
 
 /// Waits (outside the clock) until `agent` reports itself hibernated. A status call counts as

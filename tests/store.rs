@@ -690,6 +690,40 @@ async fn damage_before_the_last_turn_end_is_corruption() {
     assert_eq!(raw_rows(&db, &id).len(), before.len() - 1);
 }
 
+/// `create_minted` registers a session without reading the database (`create` reads it to refuse
+/// an id that is stored): 100 minted ids cost no read, and each session is then written and read
+/// back like any other. An id registered or stored in this process is still refused.
+#[tokio::test]
+async fn a_minted_id_is_created_without_reading_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let before = store.stats().n_reads;
+    let ids: Vec<SessionId> = (0..100).map(|_| SessionId::mint()).collect();
+    for id in &ids {
+        store.create_minted(&header(id)).await.unwrap();
+    }
+    assert_eq!(
+        store.stats().n_reads,
+        before,
+        "a minted create read the database"
+    );
+    let named = sid("named");
+    store.create(&header(&named)).await.unwrap();
+    assert_eq!(store.stats().n_reads, before + 1, "create looks the id up");
+
+    let mut writer = TurnWriter::new(ids[0].clone(), 30);
+    write_turns(&store, &mut writer, 2).await;
+    let loaded = store.load(&ids[0]).await.unwrap();
+    assert_eq!(to_json(&loaded.events), to_json(writer.events()));
+    for id in [&ids[0], &ids[1], &named] {
+        assert_eq!(
+            store.create_minted(&header(id)).await,
+            Err(StoreError::AlreadyExists { id: id.clone() })
+        );
+    }
+    store.close().await.unwrap();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Typed errors, for both stores
 // ---------------------------------------------------------------------------------------------

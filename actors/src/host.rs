@@ -299,7 +299,12 @@ impl Host {
         let record = self.reserve(&id, &spec)?;
         let mut header = SessionHeader::new(id.clone(), now_ms().max(0) as u64);
         header.cwd = spec.cwd.clone();
-        let created = self.registry.runtime.store.create(&header).await;
+        let store = &self.registry.runtime.store;
+        let created = if spec.id.is_some() {
+            store.create(&header).await
+        } else {
+            store.create_minted(&header).await
+        };
         if let Err(e) = created {
             self.registry.agents.remove(&id);
             return Err(match e {

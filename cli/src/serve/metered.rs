@@ -75,6 +75,10 @@ impl SessionStore for MeteredStore {
         self.inner.create(header).await
     }
 
+    async fn create_minted(&self, header: &SessionHeader) -> Result<(), StoreError> {
+        self.inner.create_minted(header).await
+    }
+
     async fn append(&self, id: &SessionId, events: Vec<EncodedEvent>) -> Result<(), StoreError> {
         let started = Instant::now();
         // Only these kinds are counted; their JSON is shared (`Bytes`), not copied.

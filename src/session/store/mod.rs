@@ -259,6 +259,17 @@ pub trait SessionStore: Send + Sync + 'static {
     /// `AlreadyExists` when a session with this id is stored or registered.
     async fn create(&self, header: &SessionHeader) -> Result<(), StoreError>;
 
+    /// `create` for an id its caller has just minted at random (`SessionId::mint`: 122 random
+    /// bits), which no stored session can have, so a store need not look for it in its storage
+    /// (the SQLite store's `create` waits for a read of the database to refuse a stored id). An
+    /// id registered in this process is still refused. The default is `create`.
+    ///
+    /// # Errors
+    /// As `create`.
+    async fn create_minted(&self, header: &SessionHeader) -> Result<(), StoreError> {
+        self.create(header).await
+    }
+
     /// Appends a batch; resolves once it is on stable storage. Batches from many sessions share one
     /// sync.
     ///

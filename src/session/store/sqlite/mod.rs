@@ -146,6 +146,9 @@ impl Default for SqliteConfig {
 /// Counters of what the writer did, for tests and reports. Monotonic.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreStats {
+    /// Read jobs run on the read connections (loads, inspections, lists, the id lookups of
+    /// `create` and of the first call about a session not yet in memory).
+    pub n_reads: u64,
     /// Write requests accepted into the queue (appends, repairs, deletes).
     pub n_requests_queued: u64,
     /// Commit groups (transactions) the writer ran, successful or not.
@@ -167,6 +170,7 @@ pub struct StoreStats {
 
 #[derive(Default)]
 struct Counters {
+    n_reads: AtomicU64,
     n_requests_queued: AtomicU64,
     n_groups: AtomicU64,
     n_requests_committed: AtomicU64,
@@ -510,10 +514,33 @@ impl SqliteStore {
         })
     }
 
+    /// Registers `header`'s session unless the session map already holds its id (registered,
+    /// stored, or — for `create` — found in the database by `touch`).
+    fn register(&self, header: &SessionHeader) -> Result<(), StoreError> {
+        let id = &header.id;
+        let mut sessions = self.shared.sessions();
+        match sessions.slots.get(id) {
+            Some(Slot::Registered { .. } | Slot::Active { .. }) => {
+                Err(StoreError::AlreadyExists { id: id.clone() })
+            }
+            // Absent, or its delete is queued: a first append is queued after that delete.
+            None | Some(Slot::Deleted) => {
+                sessions.slots.insert(
+                    id.clone(),
+                    Slot::Registered {
+                        header: header.clone(),
+                    },
+                );
+                Ok(())
+            }
+        }
+    }
+
     /// What the writer has done so far.
     pub fn stats(&self) -> StoreStats {
         let c = &self.shared.counters;
         StoreStats {
+            n_reads: c.n_reads.load(Ordering::SeqCst),
             n_requests_queued: c.n_requests_queued.load(Ordering::SeqCst),
             n_groups: c.n_groups.load(Ordering::SeqCst),
             n_requests_committed: c.n_requests_committed.load(Ordering::SeqCst),
@@ -650,24 +677,17 @@ impl SessionStore for SqliteStore {
         if self.shared.read_only {
             return self.shared.writable();
         }
-        let id = &header.id;
-        self.touch(id).await?;
-        let mut sessions = self.shared.sessions();
-        match sessions.slots.get(id) {
-            Some(Slot::Registered { .. } | Slot::Active { .. }) => {
-                Err(StoreError::AlreadyExists { id: id.clone() })
-            }
-            // Absent, or its delete is queued: a first append is queued after that delete.
-            None | Some(Slot::Deleted) => {
-                sessions.slots.insert(
-                    id.clone(),
-                    Slot::Registered {
-                        header: header.clone(),
-                    },
-                );
-                Ok(())
-            }
+        self.touch(&header.id).await?;
+        self.register(header)
+    }
+
+    async fn create_minted(&self, header: &SessionHeader) -> Result<(), StoreError> {
+        self.shared.readable()?;
+        if self.shared.read_only {
+            return self.shared.writable();
         }
+        // No `touch`: a minted id is in the database only if 122 random bits repeated.
+        self.register(header)
     }
 
     async fn append(&self, id: &SessionId, events: Vec<EncodedEvent>) -> Result<(), StoreError> {

@@ -24,6 +24,10 @@ impl SqliteStore {
         F: FnOnce(&Connection, &SqliteConfig) -> Result<T, StoreError> + Send + 'static,
     {
         self.shared.readable()?;
+        self.shared
+            .counters
+            .n_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let shared = Arc::clone(&self.shared);
         tokio::task::spawn_blocking(move || {
             let db = shared.take_reader().map_err(|e| sql_error(op, &e))?;
