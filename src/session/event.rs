@@ -171,11 +171,53 @@ impl Event {
     }
 
     /// Appends `to_json`'s bytes to `buf` (what `EncodedEvent::encode_all` writes a batch with).
+    /// The envelope is written by hand and only the payload goes through serde: the bytes are
+    /// exactly `serde_json`'s for `Event`'s `Serialize` (`write_json_writes_what_serde_writes`
+    /// checks every event of the original's corpus).
     pub fn write_json(&self, buf: &mut Vec<u8>) {
-        if !self.write_delta_chunk(buf) {
-            // As `to_json`: our own types always serialize, and a `Vec` never fails a write.
-            serde_json::to_writer(&mut *buf, self).expect("events always serialize");
+        if self.write_delta_chunk(buf) {
+            return;
         }
+        // As `to_json`: our own types always serialize, and a `Vec` never fails a write.
+        const SERIALIZES: &str = "events always serialize";
+        let mut n = itoa::Buffer::new();
+        buf.extend_from_slice(br#"{"type":"#);
+        match self.data.known_kind() {
+            // The runtime's own type names need no escaping.
+            Some(kind) => {
+                buf.push(b'"');
+                buf.extend_from_slice(kind.as_bytes());
+                buf.push(b'"');
+            }
+            None => serde_json::to_writer(&mut *buf, self.kind()).expect(SERIALIZES),
+        }
+        buf.extend_from_slice(br#","seq":"#);
+        buf.extend_from_slice(n.format(self.seq).as_bytes());
+        buf.extend_from_slice(br#","time":"#);
+        buf.extend_from_slice(n.format(self.time).as_bytes());
+        buf.extend_from_slice(br#","data":"#);
+        match &self.raw_data {
+            Some(raw) => serde_json::to_writer(&mut *buf, &raw.0).expect(SERIALIZES),
+            None => serde_json::to_writer(&mut *buf, &TypedData(&self.data)).expect(SERIALIZES),
+        }
+        if self.ignorable {
+            buf.extend_from_slice(br#","ignorable":true"#);
+        }
+        if let Some(seqs) = &self.source_event_seqs {
+            buf.extend_from_slice(br#","sourceEventSeqs":["#);
+            for (i, seq) in seqs.iter().enumerate() {
+                if i > 0 {
+                    buf.push(b',');
+                }
+                buf.extend_from_slice(n.format(*seq).as_bytes());
+            }
+            buf.push(b']');
+        }
+        if let Some(op) = &self.surface_op {
+            buf.extend_from_slice(br#","surfaceOp":"#);
+            serde_json::to_writer(&mut *buf, op).expect(SERIALIZES);
+        }
+        buf.push(b'}');
     }
 
     /// Writes the most common event of a log, an `assistant/chunk` with a text or reasoning delta
@@ -1062,6 +1104,76 @@ mod tests {
             proptest::prop_assert_eq!(event.to_json_bytes(), serde.clone());
             proptest::prop_assert_eq!(Event::from_json_bytes(&serde).unwrap(), event);
         }
+    }
+
+    proptest::proptest! {
+        /// `write_json` writes the envelope by hand: byte for byte what serde writes, for any
+        /// numbers, optional keys and type name (an `Other` event's is escaped).
+        #[test]
+        fn the_envelope_fast_path_writes_what_serde_writes(
+            seq in proptest::prelude::any::<u64>(),
+            time in proptest::prelude::any::<i64>(),
+            turn in proptest::prelude::any::<u64>(),
+            other in proptest::option::of("[a-z\"\\\\/\\x00-\\x1f\u{e9}]{1,12}"),
+            ignorable in proptest::prelude::any::<bool>(),
+            seqs in proptest::option::of(
+                proptest::collection::vec(proptest::prelude::any::<u64>(), 0..4)
+            ),
+            op in proptest::option::of(proptest::option::of((
+                proptest::prelude::any::<u64>(),
+                proptest::prelude::any::<u64>()
+            ))),
+        ) {
+            let data = match other {
+                Some(kind) => EventData::Other { kind, data: serde_json::json!({"turn": turn}) },
+                None => EventData::TurnStart(TurnStart { turn }),
+            };
+            let event = Event {
+                seq,
+                time,
+                data,
+                ignorable,
+                source_event_seqs: seqs,
+                surface_op: op.map(|r| match r {
+                    Some((start, end)) => SurfaceOp::Replace { start, end },
+                    None => SurfaceOp::Append,
+                }),
+                raw_data: None,
+            };
+            proptest::prop_assert_eq!(event.to_json_bytes(), serde_json::to_vec(&event).unwrap());
+        }
+    }
+
+    /// The hand-written envelope against serde over every event of the original's logs (every
+    /// type, raw payloads, `sourceEventSeqs`, `surfaceOp`, ignorable unknown types).
+    #[test]
+    fn write_json_writes_what_serde_writes() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dsh-logs");
+        let (mut n, mut n_raw, mut n_sourced) = (0, 0, 0);
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "jsonl") {
+                continue;
+            }
+            for line in std::fs::read_to_string(&path).unwrap().lines() {
+                let Ok(event) = Event::from_json(line) else {
+                    continue;
+                };
+                assert_eq!(
+                    event.to_json_bytes(),
+                    serde_json::to_vec(&event).unwrap(),
+                    "{}: {line}",
+                    path.display()
+                );
+                n += 1;
+                n_raw += usize::from(event.raw_data.is_some());
+                n_sourced += usize::from(event.source_event_seqs.is_some());
+            }
+        }
+        assert!(
+            n > 1_000 && n_raw > 0 && n_sourced > 0,
+            "{n} events, {n_raw} raw, {n_sourced} sourced"
+        );
     }
 
     /// Issue 14 item 4: keys the runtime does not know are kept in place, byte for byte, where the
