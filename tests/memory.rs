@@ -15,7 +15,7 @@ mod runtime_support;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dsh::llm::provider::ProviderRegistry;
@@ -32,6 +32,9 @@ struct Counting;
 /// Bytes allocated and not yet freed, process-wide.
 static LIVE: AtomicI64 = AtomicI64::new(0);
 
+/// Allocations made (a `realloc` counts as one), process-wide.
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
 // SAFETY: every call forwards to `System` with the caller's arguments unchanged; the counter is
 // only arithmetic beside it.
 unsafe impl GlobalAlloc for Counting {
@@ -40,6 +43,7 @@ unsafe impl GlobalAlloc for Counting {
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
             LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
         }
         p
     }
@@ -49,6 +53,7 @@ unsafe impl GlobalAlloc for Counting {
         let p = unsafe { System.alloc_zeroed(layout) };
         if !p.is_null() {
             LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
         }
         p
     }
@@ -64,6 +69,7 @@ unsafe impl GlobalAlloc for Counting {
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             LIVE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
         }
         p
     }
@@ -401,4 +407,65 @@ async fn an_awake_agent_after_one_turn_holds_little_heap() {
         drop((agents, warm));
         host.shutdown().await;
     }
+}
+
+/// Allocations per text turn of one agent at most (memory store, 20-token replies, one thread).
+/// 2026-12-01: 202 (debug) and 201 (release); 265 with each event encoded on its own, as before
+/// batches were encoded into one buffer. A regression of two allocations per event fails it.
+const TEXT_TURN_ALLOCS_MAX: u64 = 220;
+
+/// A text turn's allocations, counted exactly by the counting allocator over turns 100–200 of one
+/// agent on a current-thread runtime (nothing else runs: the count is the turn's).
+#[test]
+fn a_text_turn_makes_few_allocations() {
+    let _serial = SERIAL.blocking_lock();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let per_turn = rt.block_on(async {
+        let store: Arc<dyn SessionStore> =
+            Arc::new(dsh::session::store::memory::MemoryStore::new());
+        let sim = SimConfig {
+            reply_tokens_min: 20,
+            reply_tokens_max: 20,
+            ..SimConfig::instant(5)
+        };
+        let mut providers = ProviderRegistry::new();
+        providers.register(Arc::new(SimProvider::new(sim).expect("sim config")));
+        let config = HostConfig {
+            hibernate_after: None,
+            ..HostConfig::default()
+        };
+        let host = Host::builder(store)
+            .providers(providers)
+            .config(config)
+            .start()
+            .await
+            .expect("host");
+        let agent = host
+            .create(AgentSpec::new(AgentConfig::new("sim", "sim-1")))
+            .await
+            .expect("agent created");
+        let turns = |n: usize| {
+            let agent = &agent;
+            async move {
+                for _ in 0..n {
+                    agent.followup(user("hello")).await.expect("followup acked");
+                    agent.when_idle().await.expect("idle");
+                }
+            }
+        };
+        turns(100).await;
+        let before = ALLOCS.load(Ordering::Relaxed);
+        turns(100).await;
+        let per_turn = (ALLOCS.load(Ordering::Relaxed) - before) / 100;
+        host.shutdown().await;
+        per_turn
+    });
+    println!("a text turn makes {per_turn} allocations");
+    assert!(
+        per_turn <= TEXT_TURN_ALLOCS_MAX,
+        "a text turn makes {per_turn} allocations (bound {TEXT_TURN_ALLOCS_MAX})"
+    );
 }
