@@ -41,6 +41,7 @@ pub struct EncodedEvent {
 }
 
 /// A batch's JSON is written here first, then copied once into a buffer of its exact size.
+#[derive(Default)]
 struct Scratch {
     bytes: Vec<u8>,
     ends: Vec<usize>,
@@ -75,13 +76,7 @@ impl EncodedEvent {
         SCRATCH.with(|cell| match cell.try_borrow_mut() {
             Ok(mut scratch) => encode_into(events, &mut scratch),
             // Only a re-entrant call finds it borrowed; it gets a scratch of its own.
-            Err(_) => encode_into(
-                events,
-                &mut Scratch {
-                    bytes: Vec::new(),
-                    ends: Vec::new(),
-                },
-            ),
+            Err(_) => encode_into(events, &mut Scratch::default()),
         })
     }
 }
@@ -350,26 +345,10 @@ mod tests {
 
     /// Every log of the original's corpus, as events.
     fn corpus() -> Vec<Vec<Event>> {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dsh-logs");
-        let mut logs = Vec::new();
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.extension().is_some_and(|e| e == "jsonl") {
-                let text = std::fs::read_to_string(&path).unwrap();
-                let events: Vec<Event> = text
-                    .lines()
-                    .filter(|l| !l.trim().is_empty())
-                    .filter_map(|l| Event::from_json(l).ok())
-                    .collect();
-                logs.push(events);
-            }
-        }
-        assert!(
-            logs.len() > 10,
-            "the corpus is missing from {}",
-            dir.display()
-        );
-        logs
+        crate::session::event::fixture_logs()
+            .into_iter()
+            .map(|(_, events)| events)
+            .collect()
     }
 
     #[test]
