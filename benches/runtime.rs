@@ -527,18 +527,22 @@ fn agent_turn_group(c: &mut Criterion) {
             store.close(&rt);
         }
         // The same turns with the agents pinned to two threads of the host's own (baseline: the
-        // `-memory` hand loop above): the driver (on the bench's thread) hands each input over
-        // once, the agent's work never changes thread.
-        let param = format!("{}-memory-pinned", mode.name());
+        // `-memory` hand loop above). `-pinned`: the driver (on the bench's thread) hands each
+        // input over once, the agent's work never changes thread. `-pinned-beside`: the driver is
+        // spawned beside its agent, so its messages and the agent's answers never leave the
+        // agent's thread.
         let store = BenchStore::open(StoreKind::Memory, &rt);
-        let host = rt.block_on(pinned_host(&store, mode, None, 2));
-        g.bench_function(BenchmarkId::new("dsh/agent", &param), |b| {
-            b.to_async(&rt).iter_custom(|iters| {
-                let host = host.clone();
-                async move { timed_agent_turns(&host, iters, false).await }
+        for (suffix, beside) in [("pinned", false), ("pinned-beside", true)] {
+            let param = format!("{}-memory-{suffix}", mode.name());
+            let host = rt.block_on(pinned_host(&store, mode, None, 2));
+            g.bench_function(BenchmarkId::new("dsh/agent", &param), |b| {
+                b.to_async(&rt).iter_custom(|iters| {
+                    let host = host.clone();
+                    async move { timed_agent_turns(&host, iters, beside).await }
+                });
             });
-        });
-        rt.block_on(host.shutdown());
+            rt.block_on(host.shutdown());
+        }
         // The driver as a task on the runtime's workers (as `dsh sim`'s and a server's are), not
         // on the bench's own thread: unpinned (`-task`) and pinned (`-pinned-task`).
         for (threads, suffix) in [(0, "task"), (2, "pinned-task")] {
@@ -556,17 +560,6 @@ fn agent_turn_group(c: &mut Criterion) {
             });
             rt.block_on(host.shutdown());
         }
-        // Pinned, with the driver spawned beside its agent (`-pinned-beside`): the driver's
-        // messages and the agent's answers never leave the agent's thread.
-        let param = format!("{}-memory-pinned-beside", mode.name());
-        let host = rt.block_on(pinned_host(&store, mode, None, 2));
-        g.bench_function(BenchmarkId::new("dsh/agent", &param), |b| {
-            b.to_async(&rt).iter_custom(|iters| {
-                let host = host.clone();
-                async move { timed_agent_turns(&host, iters, true).await }
-            });
-        });
-        rt.block_on(host.shutdown());
     }
     // The same text turn on a single-threaded runtime: no worker wakes another, so the difference
     // to the two-worker figures above is what cross-thread hand-offs cost a lone sequential agent.

@@ -339,6 +339,27 @@ const ORIGINAL_HEAP_AFTER_ONE_TURN: i64 = 29_900;
 /// heap, counted by the allocator, over 200 agents that stay awake. On the memory store the count
 /// includes the store's copy of each log (the original's in-memory sessions hold theirs too); on
 /// SQLite the log is on disk and only the agent's memory counts.
+/// A host over `store` whose agents never hibernate, answering with 20-token replies at once.
+async fn awake_host(store: Arc<dyn SessionStore>) -> Host {
+    let sim = SimConfig {
+        reply_tokens_min: 20,
+        reply_tokens_max: 20,
+        ..SimConfig::instant(5)
+    };
+    let mut providers = ProviderRegistry::new();
+    providers.register(Arc::new(SimProvider::new(sim).expect("sim config")));
+    let config = HostConfig {
+        hibernate_after: None,
+        ..HostConfig::default()
+    };
+    Host::builder(store)
+        .providers(providers)
+        .config(config)
+        .start()
+        .await
+        .expect("host")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_awake_agent_after_one_turn_holds_little_heap() {
     let _serial = SERIAL.lock().await;
@@ -348,23 +369,7 @@ async fn an_awake_agent_after_one_turn_holds_little_heap() {
             "memory" => Arc::new(dsh::session::store::memory::MemoryStore::new()),
             _ => Arc::new(SqliteStore::open(dir.path(), SqliteConfig::default()).expect("store")),
         };
-        let sim = SimConfig {
-            reply_tokens_min: 20,
-            reply_tokens_max: 20,
-            ..SimConfig::instant(5)
-        };
-        let mut providers = ProviderRegistry::new();
-        providers.register(Arc::new(SimProvider::new(sim).expect("sim config")));
-        let config = HostConfig {
-            hibernate_after: None,
-            ..HostConfig::default()
-        };
-        let host = Host::builder(Arc::clone(&store))
-            .providers(providers)
-            .config(config)
-            .start()
-            .await
-            .expect("host");
+        let host = awake_host(Arc::clone(&store)).await;
         let run = |n: usize| {
             let host = &host;
             async move {
@@ -424,25 +429,7 @@ fn a_text_turn_makes_few_allocations() {
         .build()
         .expect("runtime");
     let per_turn = rt.block_on(async {
-        let store: Arc<dyn SessionStore> =
-            Arc::new(dsh::session::store::memory::MemoryStore::new());
-        let sim = SimConfig {
-            reply_tokens_min: 20,
-            reply_tokens_max: 20,
-            ..SimConfig::instant(5)
-        };
-        let mut providers = ProviderRegistry::new();
-        providers.register(Arc::new(SimProvider::new(sim).expect("sim config")));
-        let config = HostConfig {
-            hibernate_after: None,
-            ..HostConfig::default()
-        };
-        let host = Host::builder(store)
-            .providers(providers)
-            .config(config)
-            .start()
-            .await
-            .expect("host");
+        let host = awake_host(Arc::new(dsh::session::store::memory::MemoryStore::new())).await;
         let agent = host
             .create(AgentSpec::new(AgentConfig::new("sim", "sim-1")))
             .await
