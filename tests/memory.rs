@@ -268,7 +268,8 @@ async fn a_hibernated_agent_keeps_nothing_of_its_turn() {
         tasks_ended(baseline_tasks).await;
         agents
     };
-    // Warm up: the runtime's, the store's and the registry's tables grow to their working size.
+    // Warm up: the runtime's, the store's and the registry's tables grow to their working size,
+    // through the same steps as a measured window (created, hibernated, a turn in a burst).
     let mut warm = Vec::new();
     for _ in 0..2_500 {
         warm.push(
@@ -277,6 +278,8 @@ async fn a_hibernated_agent_keeps_nothing_of_its_turn() {
                 .expect("agent created"),
         );
     }
+    all_hibernated(&warm).await;
+    tasks_ended(baseline_tasks).await;
     let warm = burst(warm).await;
     drop(warm);
 
