@@ -514,6 +514,15 @@ impl SqliteStore {
         })
     }
 
+    /// Why no session can be created now: the store is closed, or read-only.
+    fn can_create(&self) -> Result<(), StoreError> {
+        self.shared.readable()?;
+        if self.shared.read_only {
+            return self.shared.writable();
+        }
+        Ok(())
+    }
+
     /// Registers `header`'s session unless the session map already holds its id (registered,
     /// stored, or — for `create` — found in the database by `touch`).
     fn register(&self, header: &SessionHeader) -> Result<(), StoreError> {
@@ -673,19 +682,13 @@ impl SessionStore for SqliteStore {
     }
 
     async fn create(&self, header: &SessionHeader) -> Result<(), StoreError> {
-        self.shared.readable()?;
-        if self.shared.read_only {
-            return self.shared.writable();
-        }
+        self.can_create()?;
         self.touch(&header.id).await?;
         self.register(header)
     }
 
     async fn create_minted(&self, header: &SessionHeader) -> Result<(), StoreError> {
-        self.shared.readable()?;
-        if self.shared.read_only {
-            return self.shared.writable();
-        }
+        self.can_create()?;
         // No `touch`: a minted id is in the database only if 122 random bits repeated.
         self.register(header)
     }
