@@ -12,12 +12,8 @@ use dsh::session::event::{CancelCause, EventData, TurnEndReason};
 use dsh_actors::Observed;
 use runtime_support::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_simple_turn_logs_the_exact_sequence() {
-    let w = World::new(vec![ScriptEntry::text("ok")]).await;
-    w.agent.followup(user("hi")).await.unwrap();
-    w.agent.when_idle().await.unwrap();
-    let log = w.log().await;
+/// The exact kinds of a text turn of `n_chunks` chunks woken by one followup.
+fn text_turn_kinds(n_chunks: usize) -> Vec<&'static str> {
     let mut want = vec![
         "agent/inbox/spliced",
         "turn/start",
@@ -27,8 +23,18 @@ async fn a_simple_turn_logs_the_exact_sequence() {
         "request/header",
         "request/context",
     ];
-    want.extend(["assistant/chunk"; 6]);
+    want.extend(std::iter::repeat_n("assistant/chunk", n_chunks));
     want.extend(["assistant/message", "step/end", "turn/end"]);
+    want
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_simple_turn_logs_the_exact_sequence() {
+    let w = World::new(vec![ScriptEntry::text("ok")]).await;
+    w.agent.followup(user("hi")).await.unwrap();
+    w.agent.when_idle().await.unwrap();
+    let log = w.log().await;
+    let want = text_turn_kinds(6);
     assert_kinds(&log, &want);
     assert_eq!(reasons(&log), [TurnEndReason::Completed]);
     assert_valid(&log);
@@ -658,16 +664,19 @@ async fn bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
 }
 
 /// A memory store whose first `n_slow` reads (`load` or `inspect`) take 150 ms, and which counts
-/// the repair closers any `load` wrote.
+/// its reads and the repair closers any `load` wrote.
+#[derive(Default)]
 struct SlowFirstReads {
     inner: dsh::session::store::memory::MemoryStore,
     n_slow: std::sync::atomic::AtomicUsize,
     n_repaired: std::sync::atomic::AtomicUsize,
+    n_reads: std::sync::atomic::AtomicUsize,
 }
 
 impl SlowFirstReads {
     async fn maybe_slow(&self) {
         use std::sync::atomic::Ordering;
+        self.n_reads.fetch_add(1, Ordering::SeqCst);
         let slow = self
             .n_slow
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -729,26 +738,25 @@ impl dsh::session::store::SessionStore for SlowFirstReads {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stale_read_back_never_writes_into_the_turn_that_followed() {
-    // A hibernated agent reads its log back when input wakes it. If that turn is cancelled while
-    // the read is slow, the next turn reads again and runs; the first read then lands while the
-    // second turn is open in the store. It must not "repair" (close) that live turn: the agent's
-    // next append would then collide with the closers and the agent would fail.
-    let store = Arc::new(SlowFirstReads {
-        inner: dsh::session::store::memory::MemoryStore::new(),
-        n_slow: std::sync::atomic::AtomicUsize::new(0),
-        n_repaired: std::sync::atomic::AtomicUsize::new(0),
-    });
-    let gates = dsh::llm::script::Gates::new();
-    let script = dsh::llm::script::ScriptProvider::new(
-        vec![ScriptEntry::text("held open").gate("g", 1)],
-        gates.clone(),
-    );
+impl SlowFirstReads {
+    /// The log as stored, read past the counters.
+    async fn stored(&self, id: &dsh::SessionId) -> Vec<dsh::session::Event> {
+        dsh::session::store::SessionStore::load(&self.inner, id)
+            .await
+            .expect("stored")
+            .events
+    }
+}
+
+/// A host over `store` and `script` whose agents hibernate after 5 ms idle, and one agent.
+async fn slow_reads_host(
+    store: &Arc<SlowFirstReads>,
+    script: &dsh::llm::script::ScriptProvider,
+) -> (dsh_actors::Host, dsh_actors::AgentHandle) {
     let mut providers = dsh::llm::provider::ProviderRegistry::new();
     providers.register(Arc::new(script.clone()));
     let host =
-        dsh_actors::Host::builder(Arc::clone(&store) as Arc<dyn dsh::session::store::SessionStore>)
+        dsh_actors::Host::builder(Arc::clone(store) as Arc<dyn dsh::session::store::SessionStore>)
             .providers(providers)
             .config(dsh_actors::HostConfig {
                 hibernate_after: Some(std::time::Duration::from_millis(5)),
@@ -763,6 +771,29 @@ async fn a_stale_read_back_never_writes_into_the_turn_that_followed() {
         )))
         .await
         .expect("agent created");
+    (host, agent)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_read_back_never_writes_into_the_turn_that_followed() {
+    // A hibernated agent reads its log back when input wakes it. If that turn is cancelled while
+    // the read is slow, the next turn reads again and runs; the first read then lands while the
+    // second turn is open in the store. It must not "repair" (close) that live turn: the agent's
+    // next append would then collide with the closers and the agent would fail.
+    let store = Arc::new(SlowFirstReads::default());
+    let gates = dsh::llm::script::Gates::new();
+    let script = dsh::llm::script::ScriptProvider::new(
+        vec![
+            ScriptEntry::text("zero"),
+            ScriptEntry::text("held open").gate("g", 1),
+        ],
+        gates.clone(),
+    );
+    let (host, agent) = slow_reads_host(&store, &script).await;
+    // A first turn, so that the woken agent has a stored log to read back (an agent that
+    // hibernated before its first event wakes without a read).
+    agent.followup(user("zero")).await.expect("acked");
+    agent.when_idle().await.expect("idle");
     until_hibernated(&agent).await;
     store.n_slow.store(1, std::sync::atomic::Ordering::SeqCst);
     agent.followup(user("first")).await.expect("acked");
@@ -774,7 +805,7 @@ async fn a_stale_read_back_never_writes_into_the_turn_that_followed() {
     agent.followup(user("second")).await.expect("acked");
     // The second turn streams and holds; the slow first read lands meanwhile.
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    while script.requests().is_empty() {
+    while script.requests().len() < 2 {
         assert!(tokio::time::Instant::now() < deadline, "no request");
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
@@ -788,10 +819,7 @@ async fn a_stale_read_back_never_writes_into_the_turn_that_followed() {
         0,
         "a read-back repaired a live log"
     );
-    let log = dsh::session::store::SessionStore::load(&store.inner, agent.id())
-        .await
-        .expect("stored")
-        .events;
+    let log = store.stored(agent.id()).await;
     assert_valid(&log);
     let ends: Vec<String> = log
         .iter()
@@ -800,8 +828,51 @@ async fn a_stale_read_back_never_writes_into_the_turn_that_followed() {
             _ => None,
         })
         .collect();
-    // The cancel came before the first turn opened (its log was still being read): it discarded
-    // the first prompt with a logged splice, and only the second turn ran.
-    assert_eq!(ends, ["Completed"], "{:?}", kinds(&log));
+    // The cancel came before the woken turn opened (its log was still being read): it discarded
+    // the first prompt with a logged splice, and only the turns before and after it ran.
+    assert_eq!(ends, ["Completed", "Completed"], "{:?}", kinds(&log));
+    host.shutdown().await;
+}
+
+/// An agent that hibernated before its first event wakes without reading the store (there is
+/// nothing of its log there) and runs its turn as an awake agent does; hibernated again, its next
+/// wake reads the log back once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_slept_before_its_first_event_wakes_without_a_read() {
+    use std::sync::atomic::Ordering;
+    let store = Arc::new(SlowFirstReads::default());
+    let script = dsh::llm::script::ScriptProvider::new(
+        vec![ScriptEntry::text("ok"), ScriptEntry::text("two")],
+        dsh::llm::script::Gates::new(),
+    );
+    let (host, agent) = slow_reads_host(&store, &script).await;
+    until_hibernated(&agent).await;
+    let reads = || store.n_reads.load(Ordering::SeqCst);
+    let before = reads();
+    agent.followup(user("first")).await.expect("acked");
+    agent.when_idle().await.expect("idle");
+    assert_eq!(reads(), before, "the first wake read the store");
+    let log = store.stored(agent.id()).await;
+    // Exactly what an agent that never slept logs (`a_simple_turn_logs_the_exact_sequence`).
+    let want = text_turn_kinds(6);
+    assert_kinds(&log, &want);
+    assert_valid(&log);
+
+    until_hibernated(&agent).await;
+    agent.followup(user("second")).await.expect("acked");
+    agent.when_idle().await.expect("idle");
+    assert_eq!(
+        reads(),
+        before + 1,
+        "the second wake reads the log back once"
+    );
+    let texts: Vec<String> = script.requests()[1]
+        .messages
+        .iter()
+        .map(|m| m.text())
+        .collect();
+    assert_eq!(texts, ["first", "ok", "second"]);
+    let log = store.stored(agent.id()).await;
+    assert_valid(&log);
     host.shutdown().await;
 }

@@ -135,7 +135,7 @@ impl AgentCore {
         if self.is_hibernated() {
             let ticket = self.ticket();
             self.manual_load = Some(ticket);
-            self.effects.push(Effect::LoadLog { ticket });
+            self.load_log(ticket, now);
         } else {
             self.start_manual(now);
         }

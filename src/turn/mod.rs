@@ -1090,9 +1090,26 @@ impl AgentCore {
         if self.is_hibernated() {
             let ticket = self.ticket();
             self.run_mut().stage = Stage::Loading { ticket };
-            self.effects.push(Effect::LoadLog { ticket });
+            self.load_log(ticket, now);
         } else {
             self.begin_turn(now);
+        }
+    }
+
+    /// Asks for the hibernated log back (`Effect::LoadLog`), answered by `on_log_loaded`; or, when
+    /// the store holds nothing of it below the tail (an agent that hibernated before its first
+    /// event: every one `dsh sim` creates, every session a server creates ahead of its first
+    /// prompt), answers at once: a read would return only events the tail already holds, which
+    /// `on_log_loaded` drops. No store read, no deferral until the waking splice is durable.
+    fn load_log(&mut self, ticket: u64, now: i64) {
+        let nothing_stored = matches!(
+            &self.log,
+            Log::Hibernated { next_seq, tail } if *next_seq == tail.len() as u64
+        );
+        if nothing_stored {
+            self.on_log_loaded(ticket, Ok(Vec::new()), now);
+        } else {
+            self.effects.push(Effect::LoadLog { ticket });
         }
     }
 

@@ -1118,6 +1118,40 @@ fn a_hibernated_agent_reads_its_log_back_before_the_next_turn() {
     h.check();
 }
 
+/// An agent that hibernated before its first event has nothing in the store below its tail: it
+/// wakes without a read (no `LoadLog`) and logs exactly what an agent that never slept logs. Once
+/// it has a stored log, the next wake reads it back as before.
+#[test]
+fn an_agent_that_hibernated_before_its_first_event_wakes_without_a_read() {
+    let mut awake = Harness::new(vec![text("one")]);
+    awake.core.inject(user("ctx"), 0).unwrap();
+    awake.followup("a");
+
+    let mut h = Harness::new(vec![text("one"), text("two")]);
+    assert!(h.core.hibernate());
+    h.core.wire(wiring(crate::hooks::HookPoints::ALL));
+    h.core.inject(user("ctx"), 0).unwrap();
+    h.followup("a");
+    assert!(
+        h.loads.is_empty(),
+        "no read for a log the store does not hold"
+    );
+    assert_eq!(h.requests.len(), 1);
+    assert_eq!(h.kinds(), awake.kinds());
+    assert_eq!(h.user_texts(), ["ctx", "a"]);
+    h.check();
+
+    let stored = h.events().to_vec();
+    assert!(h.core.hibernate());
+    h.core.wire(wiring(crate::hooks::HookPoints::ALL));
+    h.followup("b");
+    let ticket = h.loads.pop().expect("a stored log is read back");
+    h.core.on_log_loaded(ticket, Ok(stored), 0);
+    h.pump();
+    assert_eq!(h.user_texts(), ["ctx", "a", "b"]);
+    h.check();
+}
+
 #[test]
 fn resume_marks_the_seed_and_continues_turn_numbers() {
     let mut h = Harness::new(vec![text("one")]);
