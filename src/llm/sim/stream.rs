@@ -156,11 +156,13 @@ impl SimStream {
                 match segment {
                     Segment::Reasoning(_) | Segment::Text(_) => {
                         let word = self.word();
-                        let text = if self.acc.is_empty() {
-                            word.to_owned()
-                        } else {
-                            format!(" {word}")
-                        };
+                        // A space before every word but the first (not `format!`: this runs once
+                        // per simulated token, on the runtime's threads).
+                        let mut text = String::with_capacity(word.len() + 1);
+                        if !self.acc.is_empty() {
+                            text.push(' ');
+                        }
+                        text.push_str(word);
                         self.acc.push_str(&text);
                         Some(if matches!(segment, Segment::Reasoning(_)) {
                             StreamChunk::ReasoningDelta { index, text }
