@@ -51,6 +51,9 @@ use futures::StreamExt;
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
 
+#[path = "runtime_shape.rs"]
+mod shape;
+
 /// Turns on one session before both sides move to a fresh one.
 const ROTATE_TURNS: u64 = 64;
 /// The text every reply streams, one `text-delta` per character.
@@ -578,6 +581,11 @@ fn agent_turn_group(c: &mut Criterion) {
             let provider = &provider;
             async move { timed_hand_turns(&*store, &template, provider, Mode::Text, iters).await }
         });
+    });
+    // The actor shape alone: the same messages, spawns and child actor as this turn, with no work
+    // (`runtime_shape.rs`). What the agent costs above `hand_loop + actor_shape` is its own work.
+    g.bench_function(BenchmarkId::new("baseline/actor_shape", param), |b| {
+        b.to_async(&rt1).iter_custom(shape::timed_shape_turns);
     });
     let host = rt1.block_on(host(&store, Mode::Text, None));
     g.bench_function(BenchmarkId::new("dsh/agent", param), |b| {

@@ -197,6 +197,8 @@ impl Actor for SessionWriterActor {
         state: &mut WriterState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
+            // Nothing waits unless an append is in flight: keep the batch as it is, no copy.
+            WriterMsg::Append(events) if state.pending.is_empty() => state.pending = events,
             WriterMsg::Append(events) => state.pending.extend(events),
             WriterMsg::Flushed { ok } => {
                 state.in_flight = None;
