@@ -299,6 +299,11 @@ async fn the_hibernated_count_follows_passivation_wakes_and_evictions() {
     w.store.set_read_delay_ms(50);
     w.agent.followup(user("second")).await.unwrap();
     assert_eq!(counts(), (1, 0), "woken by the followup");
+    assert_eq!(
+        w.host.n_actors(),
+        1,
+        "the woken agent's actor is supervised"
+    );
     w.agent.cancel(CancelCause::User, false).await.unwrap();
     w.agent.when_idle().await.unwrap();
     assert_eq!(
@@ -316,6 +321,14 @@ async fn the_hibernated_count_follows_passivation_wakes_and_evictions() {
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
     assert!(w.agent.status().await.unwrap().hibernated);
+    // The passivated actor's end reaches the host's own actor a moment later.
+    while w.host.n_actors() != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the passivated actor was never reaped"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
     assert!(w.host.evict(w.agent.id()));
     assert_eq!(counts(), (0, 0), "an evicted agent is forgotten");
     w.host.shutdown().await;

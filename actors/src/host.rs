@@ -290,6 +290,14 @@ impl Host {
         self.registry.agents.len()
     }
 
+    /// How many agent actors the host supervises right now: started and not yet reaped. An actor's
+    /// end is handled on the host's own actor (its supervision event, which carries the actor's
+    /// final state until then), so after a mass hibernation this falls to 0 a moment after every
+    /// agent reports itself hibernated. Costs the same at any number of agents.
+    pub fn n_actors(&self) -> usize {
+        self.registry.by_actor.len()
+    }
+
     /// Creates a new agent with an empty log.
     ///
     /// # Errors
