@@ -724,6 +724,31 @@ async fn a_minted_id_is_created_without_reading_the_database() {
     store.close().await.unwrap();
 }
 
+/// `StoreStats::writer_cpu_ns` counts the CPU the writer's blocking jobs spend: nothing before a
+/// write, more after each, and never more than the process used meanwhile.
+#[tokio::test]
+async fn the_writers_cpu_time_is_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    assert_eq!(store.stats().writer_cpu_ns, 0, "nothing written yet");
+    let process = || {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+        t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+    };
+    let process_before = process();
+    let id = sid("cpu");
+    store.create(&header(&id)).await.unwrap();
+    let mut writer = TurnWriter::new(id.clone(), 30);
+    write_turns(&store, &mut writer, 5).await;
+    let after_five = store.stats().writer_cpu_ns;
+    assert!(after_five > 0, "five turns of commits cost no CPU");
+    write_turns(&store, &mut writer, 5).await;
+    let after_ten = store.stats().writer_cpu_ns;
+    assert!(after_ten > after_five, "{after_ten} after {after_five}");
+    assert!(after_ten <= process() - process_before);
+    store.close().await.unwrap();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Typed errors, for both stores
 // ---------------------------------------------------------------------------------------------

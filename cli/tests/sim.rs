@@ -179,6 +179,12 @@ async fn fifty_agents_two_turns_add_up_against_the_store() {
     assert!(u(ceiling, "events") > 0 && f(ceiling, "events_per_sec") > 0.0);
     let ratio = f(&v, "store_ceiling_ratio");
     assert!((ratio - f(&v, "events_per_sec") / f(ceiling, "events_per_sec")).abs() < 1e-9);
+    // The store's writer did work during the turns, and it is part of the process's CPU.
+    let (process, writer) = (f(&v, "turns_cpu_ms"), f(&v, "store_writer_cpu_ms"));
+    assert!(
+        writer > 0.0 && writer < process,
+        "writer {writer} ms within the process's {process} ms"
+    );
 
     // The store the run kept holds exactly the events the report counted, in valid logs.
     let store_dir = v["store_dir"]
@@ -257,6 +263,11 @@ async fn every_steer_is_acknowledged_and_claimed() {
     assert_eq!(u(&v, "steers_discarded"), 0);
     assert_eq!(n_samples(&v, "steer_to_claim_ms"), 40);
     assert_eq!(n_samples(&v, "ack_latency_ms"), 80, "followups and steers");
+    assert!(f(&v, "turns_cpu_ms") > 0.0);
+    assert!(
+        v["store_writer_cpu_ms"].is_null(),
+        "the memory store has no writer"
+    );
     // A steer either joins its turn or, if that turn already ended, starts one of its own.
     assert_eq!(
         u(&v, "turns"),

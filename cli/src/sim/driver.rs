@@ -442,6 +442,10 @@ pub(super) struct TurnsPhase {
     pub(super) appends: u64,
     /// Commit groups the store made (sqlite only).
     pub(super) store_groups: Option<u64>,
+    /// CPU time the whole process spent during the phase (every thread).
+    pub(super) process_cpu: Duration,
+    /// Of which the store's writer spent in its blocking jobs (sqlite only).
+    pub(super) store_writer_cpu: Option<Duration>,
     /// Every driver's measurements, merged.
     pub(super) tally: DriverTally,
 }
@@ -462,6 +466,8 @@ async fn run_turns(
 ) -> Result<TurnsPhase, SimError> {
     let appends_before = store.n_appends();
     let groups_before = store.n_groups();
+    let writer_cpu_before = store.writer_cpu_ns();
+    let process_cpu_before = process_cpu();
     let turns_before = host.metrics().turns();
     let events_before = host.metrics().events();
     let compactions_before = (
@@ -529,6 +535,11 @@ async fn run_turns(
         first_error.get_or_insert(SimError::Task(e.to_string()));
     }
     let elapsed = started.elapsed();
+    let process_cpu = process_cpu().saturating_sub(process_cpu_before);
+    let store_writer_cpu = store
+        .writer_cpu_ns()
+        .zip(writer_cpu_before)
+        .map(|(after, before)| Duration::from_nanos(after.saturating_sub(before)));
     mirror_stop.cancel();
     let _ = mirror.await;
     if let Some(e) = first_error {
@@ -547,8 +558,19 @@ async fn run_turns(
             .n_groups()
             .zip(groups_before)
             .map(|(after, before)| after.saturating_sub(before)),
+        process_cpu,
+        store_writer_cpu,
         tally,
     })
+}
+
+/// CPU time the process has used so far, every thread's (`CLOCK_PROCESS_CPUTIME_ID`).
+fn process_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
 }
 
 /// Copies the host's durable-event count to the progress line every 100 ms until stopped.

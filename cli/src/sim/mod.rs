@@ -277,6 +277,15 @@ impl SimStore {
         }
     }
 
+    /// CPU time the store's writer spent in its blocking jobs so far (sqlite only: the PostgreSQL
+    /// store's work is in the server's processes, and the memory store has no writer).
+    fn writer_cpu_ns(&self) -> Option<u64> {
+        match self {
+            SimStore::Sqlite(s) => Some(s.stats().writer_cpu_ns),
+            SimStore::Memory(_) | SimStore::Postgres(_) => None,
+        }
+    }
+
     /// Append requests the store committed so far.
     fn n_appends(&self) -> u64 {
         match self {

@@ -98,6 +98,14 @@ pub struct SimReport {
     pub sync_ms: Option<Percentiles>,
     /// `events_per_sec` / `store_ceiling.events_per_sec`.
     pub store_ceiling_ratio: Option<f64>,
+    /// CPU time the whole process spent during the turns (every thread: the runtime, the drivers,
+    /// the simulated model, the store).
+    pub turns_cpu_ms: f64,
+    /// Of `turns_cpu_ms`, what the sqlite store's writer spent in its blocking jobs (commit groups,
+    /// checkpoints): the store's own work. The rest is the runtime's, the drivers' and the model's.
+    /// With the writer beside a runtime that needs R of CPU per turn against the writer's W, two
+    /// cores give the writer about 2 / (1 + R/W) of one core, and the ceiling ratio follows it.
+    pub store_writer_cpu_ms: Option<f64>,
     /// Agents created per second, one after the other.
     pub agents_created_per_sec: f64,
     /// `VmHWM` once the agents hibernated: the most resident memory the process had during the run
@@ -201,6 +209,8 @@ impl SimReport {
                 .filter(|c| c.events_per_sec > 0.0)
                 .map(|c| events_per_sec / c.events_per_sec),
             store_ceiling,
+            turns_cpu_ms: turns.process_cpu.as_secs_f64() * 1000.0,
+            store_writer_cpu_ms: turns.store_writer_cpu.map(|d| d.as_secs_f64() * 1000.0),
             agents_created_per_sec: fleet.created_per_sec,
             peak_rss_bytes: memory.peak_rss_bytes,
             rss_before_bytes: memory.rss_before_bytes,
@@ -320,6 +330,18 @@ impl SimReport {
                 });
             writeln!(out, "  syncs per turn  {per_turn:>10.2}{sync}")?;
         }
+        let per_turn = |ms: f64| ms * 1000.0 / self.turns.max(1) as f64;
+        writeln!(
+            out,
+            "  CPU per turn    {:>10.1} µs{}",
+            per_turn(self.turns_cpu_ms),
+            self.store_writer_cpu_ms
+                .map_or_else(String::new, |w| format!(
+                    " (store writer {:.1} µs, the rest {:.1} µs)",
+                    per_turn(w),
+                    per_turn(self.turns_cpu_ms - w)
+                ))
+        )?;
         writeln!(
             out,
             "  agents created  {:>10.0} /s",

@@ -166,6 +166,10 @@ pub struct StoreStats {
     /// Times SQLite started the WAL over from its beginning at a commit, without truncating it,
     /// because a checkpoint and its catch-up had copied all of it (no reader still reading it).
     pub n_wal_resets: u64,
+    /// CPU time (nanoseconds, its threads' own clocks) the writer spent in its blocking jobs:
+    /// commit groups, checkpoints, catch-ups and WAL restarts. The store's own work, apart from
+    /// the runtime's and from time waiting for the disk.
+    pub writer_cpu_ns: u64,
 }
 
 #[derive(Default)]
@@ -179,6 +183,7 @@ struct Counters {
     n_checkpoints: AtomicU64,
     n_wal_restarts: AtomicU64,
     n_wal_resets: AtomicU64,
+    writer_cpu_ns: AtomicU64,
 }
 
 /// Makes SQLite's own fsync fail or wait, for tests. Only exists on a store opened with
@@ -558,6 +563,7 @@ impl SqliteStore {
             n_checkpoints: c.n_checkpoints.load(Ordering::SeqCst),
             n_wal_restarts: c.n_wal_restarts.load(Ordering::SeqCst),
             n_wal_resets: c.n_wal_resets.load(Ordering::SeqCst),
+            writer_cpu_ns: c.writer_cpu_ns.load(Ordering::Relaxed),
         }
     }
 

@@ -165,7 +165,7 @@ pub(super) async fn run_writer(
                     let job_shared = Arc::clone(&shared);
                     let job = tokio::task::spawn_blocking(move || {
                         let mut w = w;
-                        commit_group(&job_shared, &mut w, group);
+                        on_cpu(&job_shared, || commit_group(&job_shared, &mut w, group));
                         w
                     });
                     match job.await {
@@ -216,6 +216,22 @@ fn answer_all(group: Vec<Request>, error: impl Fn() -> StoreError) {
 
 /// Commits one group in one transaction, answers every request, then checkpoints if due. Any
 /// failure poisons the store.
+/// Runs `work` (a blocking job of the writer) and adds the CPU time its thread spent on it to
+/// `writer_cpu_ns`: what the store's own work costs, apart from the runtime's.
+fn on_cpu<T>(shared: &Shared, work: impl FnOnce() -> T) -> T {
+    let cpu = || {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+        u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
+    };
+    let started = cpu();
+    let result = work();
+    shared
+        .counters
+        .writer_cpu_ns
+        .fetch_add(cpu().saturating_sub(started), Ordering::Relaxed);
+    result
+}
+
 fn commit_group(shared: &Shared, writer: &mut Writer, group: Vec<Request>) {
     if let Some(cause) = shared.poison.get() {
         answer_all(group, || StoreError::Poisoned {
@@ -362,7 +378,7 @@ impl Checkpointer {
         self.catch_up_due = true;
         let shared = Arc::clone(shared);
         self.running = Some(tokio::task::spawn_blocking(move || {
-            run_checkpoint(&shared, db)
+            on_cpu(&shared, || run_checkpoint(&shared, db))
         }));
     }
 
@@ -401,7 +417,7 @@ async fn catch_up_if_due(
     let job_shared = Arc::clone(shared);
     let job = tokio::task::spawn_blocking(move || {
         let started = Instant::now();
-        let result = wal_checkpoint(&writer.db, "PASSIVE");
+        let result = on_cpu(&job_shared, || wal_checkpoint(&writer.db, "PASSIVE"));
         match result {
             Ok((busy, n_wal_frames, n_checkpointed)) => debug!(
                 busy,
@@ -442,7 +458,7 @@ async fn restart_wal_if_due(
     let job_shared = Arc::clone(shared);
     let job = tokio::task::spawn_blocking(move || {
         let mut writer = writer;
-        restart_wal(&job_shared, &mut writer);
+        on_cpu(&job_shared, || restart_wal(&job_shared, &mut writer));
         writer
     });
     match job.await {
