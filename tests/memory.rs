@@ -173,8 +173,12 @@ async fn ten_thousand_hibernated_agents_stay_small() {
         .start()
         .await
         .expect("host");
-    // Warm up allocator arenas and the runtime so the measured delta is the agents'.
-    let (warm, _) = populate(&host, 500, 1).await;
+    // Warm up allocator arenas, the runtime and the store so the measured delta is the agents'.
+    // Three turns, so that woken agents read their logs back: an agent that hibernated before its
+    // first event wakes without a read, and the read connections' page caches would otherwise
+    // first fill during the 3-turn measurement below and be billed to its agents (~14k bytes an
+    // agent on 2026-12-02, with 1,287 bytes of live heap).
+    let (warm, _) = populate(&host, 500, 3).await;
     drop(warm);
 
     let n = 10_000;
