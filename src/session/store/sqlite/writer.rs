@@ -214,8 +214,6 @@ fn answer_all(group: Vec<Request>, error: impl Fn() -> StoreError) {
     }
 }
 
-/// Commits one group in one transaction, answers every request, then checkpoints if due. Any
-/// failure poisons the store.
 /// Runs `work` (a blocking job of the writer) and adds the CPU time its thread spent on it to
 /// `writer_cpu_ns`: what the store's own work costs, apart from the runtime's.
 fn on_cpu<T>(shared: &Shared, work: impl FnOnce() -> T) -> T {
@@ -232,6 +230,8 @@ fn on_cpu<T>(shared: &Shared, work: impl FnOnce() -> T) -> T {
     result
 }
 
+/// Commits one group in one transaction, answers every request, then checkpoints if due. Any
+/// failure poisons the store.
 fn commit_group(shared: &Shared, writer: &mut Writer, group: Vec<Request>) {
     if let Some(cause) = shared.poison.get() {
         answer_all(group, || StoreError::Poisoned {
