@@ -215,8 +215,9 @@ async fn serve(state: AppState, addr: SocketAddr) -> Result<(), CliError> {
 /// timeout, the host stops and event streams end. Resolves when the server may close.
 async fn drain_on_signal(state: AppState) {
     wait_for_signal().await;
-    eprintln!("dsh serve: draining");
+    // Refuse first, then say so: a client that reads the line must find new input refused.
     state.inner.draining.store(true, Ordering::Release);
+    eprintln!("dsh serve: draining");
     let timeout = state.inner.settings.drain_timeout;
     let host = state.host().clone();
     let waits = host
