@@ -358,8 +358,7 @@ async fn where_world(config: dsh_actors::HostConfig, replies: &[&str]) -> World 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_spawned_beside_a_pinned_agent_runs_on_its_thread() {
     // `AgentHandle::spawn_beside`: on the host thread the agent's actor runs on (where its tool
-    // runs), following it when a restart starts the actor on the other thread; unpinned, on the
-    // caller's runtime.
+    // runs), to which a restarted actor returns; unpinned, on the caller's runtime.
     let config = dsh_actors::HostConfig {
         agent_threads: 2,
         ..dsh_actors::HostConfig::default()
@@ -390,9 +389,9 @@ async fn a_task_spawned_beside_a_pinned_agent_runs_on_its_thread() {
     let tools = [1, 3].map(|i| tool_result_text(requests[i].messages.last().unwrap()));
     assert_eq!(beside, tools, "the driver ran where the agent's tool ran");
     assert!(tools[0].starts_with("dsh-agents-"), "{tools:?}");
-    assert_ne!(
+    assert_eq!(
         tools[0], tools[1],
-        "the restarted actor runs on the next thread"
+        "the restarted actor returns to its thread, beside what was spawned there"
     );
     assert_eq!(
         w.agent
@@ -421,6 +420,60 @@ async fn a_task_spawned_beside_a_pinned_agent_runs_on_its_thread() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_pinned_agents_alternate_threads_and_a_woken_one_returns_to_its_own() {
+    // Creation spreads agents round-robin; waking from hibernation puts the new actor on the thread
+    // the last one ran on, so a task spawned beside the agent before it slept is still beside it.
+    let config = dsh_actors::HostConfig {
+        agent_threads: 2,
+        hibernate_after: Some(std::time::Duration::from_millis(5)),
+        ..dsh_actors::HostConfig::default()
+    };
+    let w = World::build(
+        vec![ScriptEntry::text("a"), ScriptEntry::text("b")],
+        Vec::new(),
+        dsh::hooks::Hooks::new(),
+        config,
+    )
+    .await;
+    let thread_of = |agent: &dsh_actors::AgentHandle| {
+        agent.spawn_beside(async move {
+            std::thread::current()
+                .name()
+                .unwrap_or_default()
+                .to_string()
+        })
+    };
+    let mut agents = vec![w.agent.clone()];
+    for _ in 0..3 {
+        let spec = dsh_actors::AgentSpec::new(dsh::turn::AgentConfig::new("script", "m"));
+        agents.push(w.host.create(spec).await.unwrap());
+    }
+    let mut homes = Vec::new();
+    for agent in &agents {
+        homes.push(thread_of(agent).await.unwrap());
+    }
+    assert!(homes[0].starts_with("dsh-agents-"), "{homes:?}");
+    assert_ne!(homes[0], homes[1], "{homes:?}");
+    assert_eq!((&homes[0], &homes[1]), (&homes[2], &homes[3]), "{homes:?}");
+    // Woken twice (round-robin would put the second wake on the other thread).
+    let agent = &agents[0];
+    for reply in ["a", "b"] {
+        until_hibernated(agent).await;
+        agent.followup(user(reply)).await.unwrap();
+        agent.when_idle().await.unwrap();
+        assert_eq!(
+            thread_of(agent).await.unwrap(),
+            homes[0],
+            "woken by {reply:?}"
+        );
+    }
+    for (agent, home) in agents.iter().zip(&homes) {
+        assert_eq!(&thread_of(agent).await.unwrap(), home);
+    }
+    w.host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pinned_agents_run_on_the_hosts_threads_across_wakes_and_restarts() {
     // `HostConfig::agent_threads`: the agent's actor and its children (here a tool's body) run on
     // one of the host's own threads, and the turn logs exactly what it logs unpinned.
@@ -442,13 +495,13 @@ async fn pinned_agents_run_on_the_hosts_threads_across_wakes_and_restarts() {
     w.agent.when_idle().await.unwrap();
     let requests = w.script.requests();
     assert_eq!(requests.len(), 6);
-    for i in [1, 3, 5] {
-        let thread = tool_result_text(requests[i].messages.last().unwrap());
-        assert!(
-            thread.starts_with("dsh-agents-"),
-            "request {i}: the tool ran on {thread:?}"
-        );
-    }
+    let threads = [1, 3, 5].map(|i| tool_result_text(requests[i].messages.last().unwrap()));
+    assert!(threads[0].starts_with("dsh-agents-"), "{threads:?}");
+    assert_eq!(
+        threads,
+        [0; 3].map(|_| threads[0].clone()),
+        "woken and restarted, the agent returns to its thread"
+    );
     let log = w.stored().await;
     // Each turn from its start (the restart's `session/end-seed` comes before the third).
     let turns: Vec<&[dsh::session::Event]> = log

@@ -67,9 +67,9 @@ impl AgentHandle {
     /// For code that talks to one agent turn after turn (a driver, a session's request handler):
     /// its messages to the agent and the agent's answers then stay on one thread, with no thread
     /// woken in between, which on a lone agent is most of a turn's cost on a multi-threaded
-    /// runtime (BENCHMARKS.md, **CPU per turn, by where the agent runs**). A hibernated agent
-    /// wakes on the next thread in turn, so a task spawned before may no longer be beside it;
-    /// everything still works, only across threads.
+    /// runtime (BENCHMARKS.md, **CPU per turn, by where the agent runs**). A hibernated or
+    /// restarted agent's new actor starts on the same thread, so a task spawned before stays
+    /// beside it.
     pub fn spawn_beside<F>(&self, task: F) -> tokio::task::JoinHandle<F::Output>
     where
         F: std::future::Future + Send + 'static,

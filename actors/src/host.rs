@@ -560,16 +560,17 @@ impl Registry {
         let agent = match &self.threads {
             None => start.await?,
             Some(threads) => {
-                let (thread, agent) = threads
-                    .run(start)
+                let home = record.slot.home.load(std::sync::atomic::Ordering::Relaxed);
+                let thread =
+                    threads.place(usize::try_from(home).ok().and_then(|h| h.checked_sub(1)));
+                record.slot.home.store(
+                    u32::try_from(thread).map_or(0, |t| t.saturating_add(1)),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                threads
+                    .enter(thread, start)
                     .await
-                    .ok_or_else(|| HostError::Spawn("the host's agent threads ended".into()))?;
-                let home = u32::try_from(thread).map_or(0, |t| t.saturating_add(1));
-                record
-                    .slot
-                    .home
-                    .store(home, std::sync::atomic::Ordering::Relaxed);
-                agent?
+                    .ok_or_else(|| HostError::Spawn("the host's agent threads ended".into()))??
             }
         };
         // The actor published itself as `Live` in `pre_start`: it may already have passivated.

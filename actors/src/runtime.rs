@@ -47,10 +47,11 @@ pub struct HostConfig {
     pub chunk_linger: Duration,
     /// Threads of the host's own that agents are pinned to, each a single-threaded tokio runtime:
     /// an agent's actor and everything it spawns (stream, writer, tool pool, hook tasks) run on
-    /// one thread, so a turn's messages never hand work between threads; agents are spread
-    /// over the threads round-robin each time their actor starts. `0` (the default) runs agents on
-    /// the tokio runtime that calls the host, as any task. No consistent speed-up was measured on
-    /// the project's 2-core VMs (`agent_turn` bench, BENCHMARKS.md "Agent threads").
+    /// one thread, so a turn's messages never hand work between threads; new agents are spread
+    /// over the threads round-robin, and a woken or restarted agent returns to its thread. `0`
+    /// (the default) runs agents on the tokio runtime that calls the host, as any task. On the
+    /// project's 2-core VMs pinning pays off with a driver beside each agent
+    /// (`AgentHandle::spawn_beside`), as `dsh sim` runs (BENCHMARKS.md "Agent threads").
     pub agent_threads: usize,
 }
 

@@ -7,9 +7,12 @@
 //! is spawned on one of these runtimes, and everything it spawns (ractor and `tokio::spawn` use the
 //! runtime they are called from) stays on that thread: only input from outside and the answers to
 //! it cross threads — and not even those for a caller that runs beside its agent
-//! (`AgentHandle::spawn_beside` spawns onto the agent's thread). Agents are spread over the threads
-//! round-robin each time their actor starts (creation, wake, restart), so a fleet still uses every
-//! thread; a thread never steals another's agents, which is the price of the locality.
+//! (`AgentHandle::spawn_beside` spawns onto the agent's thread). New agents are spread over the
+//! threads round-robin, so a fleet still uses every thread; a woken or restarted agent returns to
+//! the thread it ran on, so whatever was spawned beside it stays beside it. A thread never steals
+//! another's agents, which is the price of the locality. An actor is started from the caller's
+//! task with its thread's runtime entered (`AgentThreads::enter`): only its processing loop runs
+//! on the thread, and the caller does not wait for the thread to answer.
 //!
 //! Each thread runs until the host's registry is dropped (the last `Host` or `AgentHandle` gone);
 //! its runtime is then dropped on that thread, outside any task, which cancels whatever is left on
@@ -88,17 +91,34 @@ impl AgentThreads {
         })
     }
 
-    /// Runs `work` on the next thread (round-robin) and waits for its outcome, with the index of
-    /// the thread it ran on. `None` when the thread's runtime ended before `work` did (the host is
-    /// being dropped).
-    pub(crate) async fn run<F>(&self, work: F) -> Option<(usize, F::Output)>
-    where
-        F: Future + Send + 'static,
-        F::Output: Send + 'static,
-    {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.threads.len();
-        let output = self.threads[i].handle.spawn(work).await.ok()?;
-        Some((i, output))
+    /// The thread an agent actor starts on: `home`, the one its last actor ran on, when it had
+    /// one (a wake or a restart: a task spawned beside the agent stays beside it), otherwise the
+    /// next in turn (round-robin), so that the agents a host creates are spread evenly.
+    pub(crate) fn place(&self, home: Option<usize>) -> usize {
+        match home {
+            Some(i) if i < self.threads.len() => i,
+            _ => self.next.fetch_add(1, Ordering::Relaxed) % self.threads.len(),
+        }
+    }
+
+    /// Runs `work` on the calling task with thread `i`'s runtime entered whenever it is polled, so
+    /// that every task it spawns (an actor's processing loop: ractor and `tokio::spawn` use the
+    /// runtime they are called from) runs on thread `i`, without a round trip to that thread: a
+    /// caller creating agents one after the other waits for none of them. `None` when there is
+    /// no thread `i`.
+    ///
+    /// The threads outlive every caller that can reach them (they end with the host's registry,
+    /// which the caller borrows), so what is spawned here is never refused.
+    pub(crate) async fn enter<F: Future>(&self, i: usize, work: F) -> Option<F::Output> {
+        let handle = self.threads.get(i)?.handle.clone();
+        let mut work = std::pin::pin!(work);
+        Some(
+            std::future::poll_fn(move |cx| {
+                let _entered = handle.enter();
+                work.as_mut().poll(cx)
+            })
+            .await,
+        )
     }
 
     /// The runtime of thread `i`, if there is one.
