@@ -75,10 +75,9 @@ impl AgentHandle {
         F: std::future::Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        let home = self.slot.home.load(Ordering::Relaxed);
-        let thread = usize::try_from(home)
-            .ok()
-            .and_then(|h| h.checked_sub(1))
+        let thread = self
+            .slot
+            .home_thread()
             .and_then(|i| self.slot.host.upgrade()?.agent_thread(i));
         match thread {
             Some(runtime) => runtime.spawn(task),

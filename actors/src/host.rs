@@ -560,17 +560,11 @@ impl Registry {
         let agent = match &self.threads {
             None => start.await?,
             Some(threads) => {
-                let home = record.slot.home.load(std::sync::atomic::Ordering::Relaxed);
-                let thread =
-                    threads.place(usize::try_from(home).ok().and_then(|h| h.checked_sub(1)));
-                record.slot.home.store(
-                    u32::try_from(thread).map_or(0, |t| t.saturating_add(1)),
-                    std::sync::atomic::Ordering::Relaxed,
-                );
-                threads
-                    .enter(thread, start)
-                    .await
-                    .ok_or_else(|| HostError::Spawn("the host's agent threads ended".into()))??
+                let thread = threads.place(record.slot.home_thread());
+                record.slot.set_home_thread(thread);
+                threads.enter(thread, start).await.ok_or_else(|| {
+                    HostError::Spawn(format!("the host has no agent thread {thread}"))
+                })??
             }
         };
         // The actor published itself as `Live` in `pre_start`: it may already have passivated.

@@ -11,7 +11,7 @@
 //! this module and the handle never name the host: the dependencies run host → handle → slot, one
 //! way.
 
-use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use dsh::SessionId;
@@ -89,8 +89,9 @@ pub(crate) struct AgentSlot {
     /// The host that spawns this agent's actors.
     pub(crate) host: Weak<dyn SlotHost>,
     /// The host thread the agent's last actor was spawned on, plus one; 0 when it runs on the
-    /// caller's runtime (no `HostConfig::agent_threads`) or has not started yet.
-    pub(crate) home: AtomicU32,
+    /// caller's runtime (no `HostConfig::agent_threads`) or has not started yet. Read and written
+    /// through `home_thread` and `set_home_thread`.
+    home: AtomicU32,
 }
 
 impl std::fmt::Debug for AgentSlot {
@@ -118,6 +119,18 @@ impl AgentSlot {
             host,
             home: AtomicU32::new(0),
         }
+    }
+
+    /// The host thread the agent's last actor was spawned on, if any.
+    pub(crate) fn home_thread(&self) -> Option<usize> {
+        let home = self.home.load(Ordering::Relaxed);
+        usize::try_from(home).ok()?.checked_sub(1)
+    }
+
+    /// Records the host thread the agent's actor is spawned on.
+    pub(crate) fn set_home_thread(&self, thread: usize) {
+        let home = u32::try_from(thread).map_or(0, |t| t.saturating_add(1));
+        self.home.store(home, Ordering::Relaxed);
     }
 
     /// Replaces the state and wakes every handle waiting on it.
