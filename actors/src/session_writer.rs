@@ -97,18 +97,28 @@ impl SessionWriterActor {
 /// An agent's write fence: a lock held by every append, around the epoch of the agent's current
 /// instance. It lives in the agent's registry slot, so it outlives the actors that use it.
 #[derive(Debug, Default)]
-pub(crate) struct WriteFence(tokio::sync::Mutex<u64>);
+pub(crate) struct WriteFence {
+    held: tokio::sync::Mutex<u64>,
+    /// The locked epoch, readable without the lock (see `epoch`).
+    current: std::sync::atomic::AtomicU64,
+}
 
 impl WriteFence {
-    /// The current epoch (a new writer appends only while the fence is still at it).
-    pub(crate) async fn epoch(&self) -> u64 {
-        *self.0.lock().await
+    /// The current epoch (a new writer appends only while the fence is still at it). Read without
+    /// waiting for an append that holds the lock, so an agent starts its writer without suspending:
+    /// a writer created while a seal waits for that append gets the epoch being sealed and is
+    /// refused, as a writer of the instance being replaced must be.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.current.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Waits for the append holding the fence to finish, then refuses every later append of a writer
     /// created before now. A restart seals before it reads the log back.
     pub(crate) async fn seal(&self) {
-        *self.0.lock().await += 1;
+        let mut held = self.held.lock().await;
+        *held += 1;
+        self.current
+            .store(*held, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -126,7 +136,7 @@ async fn append(
 ) -> bool {
     let through_seq = batch.last().map_or(0, |e| e.seq + 1);
     let n = batch.len() as u64;
-    let held = fence.0.lock().await;
+    let held = fence.held.lock().await;
     let outcome = if *held == epoch {
         // A store that panics is a failed append, not a lost one: without this the task died
         // silently, `Flushed` never came, and the agent waited for `Durable` forever.
@@ -285,6 +295,25 @@ mod tests {
         }
     }
 
+    /// The epoch is read without waiting: while an append holds the fence and a seal waits for it,
+    /// a new writer gets the epoch being sealed (so its appends are refused once the seal lands),
+    /// and after the seal the next one.
+    #[tokio::test]
+    async fn the_epoch_is_read_at_once_and_moves_only_when_the_seal_lands() {
+        let fence = Arc::new(WriteFence::default());
+        let append = fence.held.lock().await;
+        let sealing = tokio::spawn({
+            let fence = Arc::clone(&fence);
+            async move { fence.seal().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!sealing.is_finished(), "the seal waits for the append");
+        assert_eq!(fence.epoch(), 0, "read while the append holds the fence");
+        drop(append);
+        sealing.await.expect("sealed");
+        assert_eq!(fence.epoch(), 1);
+    }
+
     /// The killed instance's writer was still alive when the restart sealed the fence (a restart
     /// waits for the agent, not its children, and an append task may not have run yet): its append
     /// is refused and the store is untouched, while a writer of the new instance appends.
@@ -310,7 +339,7 @@ mod tests {
             epoch,
             metrics: Arc::new(Metrics::default()),
         };
-        let (old, _) = Actor::spawn(None, SessionWriterActor, writer(fence.epoch().await))
+        let (old, _) = Actor::spawn(None, SessionWriterActor, writer(fence.epoch()))
             .await
             .expect("old writer");
         fence.seal().await;
@@ -323,7 +352,7 @@ mod tests {
         );
         assert!(store.load(&id).await.expect("load").events.is_empty());
 
-        let (new, _) = Actor::spawn(None, SessionWriterActor, writer(fence.epoch().await))
+        let (new, _) = Actor::spawn(None, SessionWriterActor, writer(fence.epoch()))
             .await
             .expect("new writer");
         new.cast(WriterMsg::Append(batch)).expect("cast");

@@ -99,6 +99,10 @@ pub enum AppendError {
     },
 }
 
+/// The room `Session::reserve_for_turn` makes before an agent's first turn: a short text turn's
+/// markers, request header, a few dozen chunks and the message.
+pub const FIRST_TURN_EVENTS: u64 = 48;
+
 /// One agent's log in memory with its incremental folds.
 #[derive(Debug, Clone)]
 pub struct Session {
@@ -113,6 +117,8 @@ pub struct Session {
     messages: History,
     /// `turn` of the last `turn/start`, or 0.
     last_turn: u64,
+    /// Seq of the last `turn/start`, if any (how many events a turn takes: `reserve_for_turn`).
+    last_turn_seq: Option<u64>,
     /// The canonical form of the last `request/header` event's header.
     ///
     /// Invariant: equals `fold_request_header(events, None)`; a request is rebuilt from it and the
@@ -132,6 +138,7 @@ impl Session {
             surface: Surface::default(),
             messages: History::new(),
             last_turn: 0,
+            last_turn_seq: None,
             header: None,
             context_idx: None,
         }
@@ -206,6 +213,19 @@ impl Session {
         self.events
     }
 
+    /// Makes room for the turn about to start, so its events do not grow the log by doubling from
+    /// a small vector (four reallocations and copies for a fresh agent's first turn, each into
+    /// fresh memory when many agents start at once): as many events as the last turn took with
+    /// the inputs that followed it, or `FIRST_TURN_EVENTS` before the first. A log with room
+    /// already is left alone, and one without grows as a push would (at least doubling).
+    pub fn reserve_for_turn(&mut self) {
+        let expected = self
+            .last_turn_seq
+            .map_or(FIRST_TURN_EVENTS, |seq| self.next_seq().saturating_sub(seq));
+        self.events
+            .reserve(usize::try_from(expected).unwrap_or(0).max(1));
+    }
+
     /// The seq the next appended event receives (= number of events).
     pub fn next_seq(&self) -> u64 {
         self.events.len() as u64
@@ -265,7 +285,10 @@ impl Session {
             SurfaceChange::Replace { .. } => {}
         }
         match &event.data {
-            EventData::TurnStart(t) => self.last_turn = t.turn,
+            EventData::TurnStart(t) => {
+                self.last_turn = t.turn;
+                self.last_turn_seq = Some(event.seq);
+            }
             EventData::RequestHeader(h) => {
                 self.header = Some(Box::new(h.header.clone().canonical()));
             }
@@ -782,6 +805,36 @@ mod catalogue_tests {
     }
 
     /// §9.1 2. derives message history from the event log
+    /// Room for a turn is made once, before its `turn/start`: `FIRST_TURN_EVENTS` for the first,
+    /// then as many as the last turn took with what followed it; a log with room is left alone.
+    #[test]
+    fn a_turn_is_given_the_room_the_last_one_took() {
+        let mut s = Session::new(sid());
+        s.reserve_for_turn();
+        assert_eq!(s.capacity(), FIRST_TURN_EVENTS as usize);
+        // The first turn: 100 events, so the vector grows past its first room by pushing.
+        append(&mut s, TURN_START).expect("turn/start");
+        for _ in 1..100 {
+            append(&mut s, CHUNK).expect("chunk");
+        }
+        let before = s.capacity();
+        assert!(before >= 100);
+        // The second turn expects 100 events more, and gets them before its first push.
+        s.reserve_for_turn();
+        assert!(s.capacity() >= 200, "capacity {}", s.capacity());
+        let room = s.capacity();
+        append(&mut s, &TURN_START.replace(r#""turn":1"#, r#""turn":2"#)).expect("turn/start");
+        for _ in 1..100 {
+            append(&mut s, &CHUNK.replace(r#""turn":1"#, r#""turn":2"#)).expect("chunk");
+        }
+        assert_eq!(s.capacity(), room, "the turn fit in the room made for it");
+        // A log that already has the room is not reallocated.
+        s.reserve_for_turn();
+        let again = s.capacity();
+        s.reserve_for_turn();
+        assert_eq!(s.capacity(), again);
+    }
+
     #[test]
     fn derives_message_history_from_the_log() {
         let s = Session::from_events(sid(), full_turn()).unwrap();

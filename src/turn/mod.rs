@@ -538,6 +538,27 @@ impl AgentCore {
         mem::take(&mut self.effects)
     }
 
+    /// Swaps the queued effects with `into`, which should be empty: a driver that keeps the buffer
+    /// it gets back and hands it in next time reuses two buffers instead of allocating one for
+    /// every call that queues effects. Effects already in `into` are queued first.
+    pub fn swap_effects(&mut self, into: &mut Vec<Effect>) {
+        mem::swap(&mut self.effects, into);
+        if !self.effects.is_empty() {
+            // Not the expected use: keep every effect, in order, rather than lose the core's own.
+            let mut mine = mem::take(&mut self.effects);
+            into.splice(0..0, mine.drain(..));
+            self.effects = mine;
+        }
+    }
+
+    /// Frees the effect queue's buffer if it is empty (an idle agent need not keep the room of its
+    /// last turn's busiest message: an effect is 344 bytes).
+    pub fn release_effects(&mut self) {
+        if self.effects.is_empty() {
+            self.effects = Vec::new();
+        }
+    }
+
     // ---------------------------------------------------------------------------------------------
     // Inputs from the agent handle.
 
@@ -1115,6 +1136,9 @@ impl AgentCore {
 
     fn begin_turn(&mut self, now: i64) {
         let turn = self.last_turn + 1;
+        if let Log::Live(s) = &mut self.log {
+            s.reserve_for_turn();
+        }
         self.append(
             EventDraft::log(EventData::TurnStart(TurnStart { turn })),
             now,

@@ -1522,3 +1522,23 @@ fn eliding_chunks_does_not_reallocate_the_log_every_turn() {
     assert_eq!(h.turn_end_reasons(), vec![TurnEndReason::Completed; TURNS]);
     assert!(n_changes < 60, "{n_changes} reallocations in {TURNS} turns");
 }
+
+/// A fresh agent's first turn is given its room before its `turn/start` (`Session::reserve_for_turn`)
+/// instead of growing the log 4 → 8 → 16 → 32 → 64 by pushing: a short text turn fits, and the
+/// vector was allocated once.
+#[test]
+fn a_fresh_agents_first_turn_fits_the_room_made_for_it() {
+    let mut h = Harness::new(vec![text("ok")]);
+    h.followup("hello");
+    assert_eq!(h.turn_end_reasons(), vec![TurnEndReason::Completed]);
+    let session = h.core.session().expect("a live log");
+    let len = session.events().len();
+    let turn_start = session
+        .events()
+        .iter()
+        .position(|e| e.kind() == "turn/start")
+        .expect("a turn/start");
+    let room = crate::session::log::FIRST_TURN_EVENTS as usize;
+    assert!(len <= turn_start + room, "{len} events");
+    assert_eq!(session.capacity(), turn_start + room, "{len} events");
+}

@@ -37,9 +37,10 @@ use dsh::tools::ToolInvocation;
 use dsh::turn::{
     Ack, AgentCore, Effect, HookCall, LiveEvent, ResolvedProvider, ResolvedTool, Wiring,
 };
+use futures::FutureExt;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, warn};
+use tracing::{debug, warn};
 
 use crate::error::InputError;
 use crate::llm_stream::{LlmStreamActor, LlmStreamArgs};
@@ -108,6 +109,9 @@ pub(crate) struct AgentState {
     flush_chunks: bool,
     /// The caller of a manual compaction, answered by the core's `Effect::CompactionStarted`.
     compact_reply: Option<Reply<Result<CompactReceipt, InputError>>>,
+    /// The buffer `run_effects` swaps with the core's effect queue (freed, with the core's, when
+    /// the agent is idle with everything durable).
+    effects: Vec<Effect>,
 }
 
 impl AgentState {
@@ -118,6 +122,27 @@ impl AgentState {
 
 fn same<M>(cell: &ActorCell, actor: Option<&ActorRef<M>>) -> bool {
     actor.is_some_and(|a| a.get_id() == cell.get_id())
+}
+
+/// Starts a child of the agent (its stream, tool pool or writer) linked to `supervisor`, without
+/// suspending the handler.
+///
+/// ractor's `spawn_linked` runs the child's `pre_start` inline — under a select with the new cell's
+/// signal port, which nothing can have signalled yet — and then spawns the child's processing loop
+/// (ractor 0.16, `Actor::start`). The agent's children do nothing in `pre_start` but build their
+/// state, so the future is ready at its first poll. Were it ever not (a ractor that starts actors
+/// differently), the start fails with that reason instead of being awaited: the agent fails, its
+/// supervisor restarts it, and every test that runs a turn shows it.
+fn spawn_child<A: Actor>(
+    child: A,
+    args: A::Arguments,
+    supervisor: ActorCell,
+) -> Result<ActorRef<A::Msg>, ActorProcessingErr> {
+    match Actor::spawn_linked(None, child, args, supervisor).now_or_never() {
+        Some(Ok((child, _))) => Ok(child),
+        Some(Err(e)) => Err(e.into()),
+        None => Err("a child actor did not start at its first poll".into()),
+    }
 }
 
 fn deliver<T>(reply: Reply<T>, value: T) {
@@ -202,26 +227,30 @@ impl AgentActor {
         });
     }
 
-    /// Executes the core's effects until none are left.
-    async fn run_effects(&self, state: &mut AgentState) -> Result<(), ActorProcessingErr> {
-        loop {
-            let effects = state.core.take_effects();
-            if effects.is_empty() {
-                return Ok(());
+    /// Executes the core's effects until none are left. The core's queue and this actor's batch
+    /// swap buffers, so no message allocates one.
+    fn run_effects(&self, state: &mut AgentState) -> Result<(), ActorProcessingErr> {
+        let mut batch = std::mem::take(&mut state.effects);
+        let outcome = loop {
+            state.core.swap_effects(&mut batch);
+            if batch.is_empty() {
+                break Ok(());
             }
-            for effect in effects {
-                self.execute(state, effect).await?;
+            // The effects after a fatal one are dropped with the drain, as the agent stops.
+            if let Some(fatal) = batch
+                .drain(..)
+                .find_map(|effect| self.execute(state, effect).err())
+            {
+                break Err(fatal);
             }
-        }
+        };
+        state.effects = batch;
+        outcome
     }
 
     /// Does what one effect asks: a hook point goes to a task, a stream or a tool to a child, the
     /// rest is done on the spot.
-    async fn execute(
-        &self,
-        state: &mut AgentState,
-        effect: Effect,
-    ) -> Result<(), ActorProcessingErr> {
+    fn execute(&self, state: &mut AgentState, effect: Effect) -> Result<(), ActorProcessingErr> {
         match effect {
             Effect::Notify(event) => self.notify(state, event),
             Effect::NewCancelToken => state.token = CancellationToken::new(),
@@ -233,10 +262,7 @@ impl AgentActor {
                 provider_name,
                 provider,
                 request,
-            } => {
-                self.start_stream(state, ticket, provider_name, provider, request)
-                    .await?
-            }
+            } => self.start_stream(state, ticket, provider_name, provider, request)?,
             Effect::CancelStream { ticket } => Self::cancel_stream(state, ticket),
             Effect::StartTimer { ticket, delay_ms } => Self::start_timer(state, ticket, delay_ms),
             Effect::CancelTimer { ticket } => Self::cancel_timer(state, ticket),
@@ -245,10 +271,7 @@ impl AgentActor {
                 idx,
                 invocation,
                 tool,
-            } => {
-                self.start_tool(state, ticket, idx, invocation, tool)
-                    .await?
-            }
+            } => self.start_tool(state, ticket, idx, invocation, tool)?,
             Effect::CancelTools { ticket } => {
                 if let Some(pool) = &state.pool {
                     let _ = pool.cast(PoolMsg::Cancel { ticket });
@@ -390,7 +413,7 @@ impl AgentActor {
     }
 
     /// Spawns the stream actor of attempt `ticket`.
-    async fn start_stream(
+    fn start_stream(
         &self,
         state: &mut AgentState,
         ticket: u64,
@@ -408,8 +431,7 @@ impl AgentActor {
             agent: state.myself.clone(),
             linger: self.runtime.config.chunk_linger,
         };
-        let (actor, _) =
-            Actor::spawn_linked(None, LlmStreamActor, args, state.myself.get_cell()).await?;
+        let actor = spawn_child(LlmStreamActor, args, state.myself.get_cell())?;
         state.stream = Some((ticket, actor, cancel));
         Ok(())
     }
@@ -448,7 +470,7 @@ impl AgentActor {
     }
 
     /// Hands one call's body to the tool pool (spawned on first use).
-    async fn start_tool(
+    fn start_tool(
         &self,
         state: &mut AgentState,
         ticket: u64,
@@ -456,7 +478,7 @@ impl AgentActor {
         invocation: ToolInvocation,
         tool: ResolvedTool,
     ) -> Result<(), ActorProcessingErr> {
-        let pool = self.pool(state).await?;
+        let pool = self.pool(state)?;
         let cancel = state.token.child_token();
         let run = PoolMsg::Run {
             ticket,
@@ -475,7 +497,7 @@ impl AgentActor {
         Ok(())
     }
 
-    async fn pool(&self, state: &mut AgentState) -> Result<ActorRef<PoolMsg>, ActorProcessingErr> {
+    fn pool(&self, state: &mut AgentState) -> Result<ActorRef<PoolMsg>, ActorProcessingErr> {
         if let Some(pool) = &state.pool {
             return Ok(pool.clone());
         }
@@ -484,16 +506,12 @@ impl AgentActor {
             grace: Duration::from_millis(self.runtime.config.limits.tool_grace_ms),
             timeout: Duration::from_millis(self.runtime.config.limits.tool_timeout_ms),
         };
-        let (pool, _) =
-            Actor::spawn_linked(None, ToolPoolActor, args, state.myself.get_cell()).await?;
+        let pool = spawn_child(ToolPoolActor, args, state.myself.get_cell())?;
         state.pool = Some(pool.clone());
         Ok(pool)
     }
 
-    async fn writer(
-        &self,
-        state: &mut AgentState,
-    ) -> Result<ActorRef<WriterMsg>, ActorProcessingErr> {
+    fn writer(&self, state: &mut AgentState) -> Result<ActorRef<WriterMsg>, ActorProcessingErr> {
         if let Some(w) = &state.writer {
             return Ok(w.clone());
         }
@@ -502,19 +520,18 @@ impl AgentActor {
             id: state.id().clone(),
             agent: state.myself.clone(),
             fence: Arc::clone(&self.slot.write_fence),
-            epoch: self.slot.write_fence.epoch().await,
+            epoch: self.slot.write_fence.epoch(),
             metrics: Arc::clone(&self.runtime.metrics),
         };
-        let (w, _) =
-            Actor::spawn_linked(None, SessionWriterActor, args, state.myself.get_cell()).await?;
+        let w = spawn_child(SessionWriterActor, args, state.myself.get_cell())?;
         state.writer = Some(w.clone());
         Ok(w)
     }
 
     /// After every message: run effects, hand new events to the writer, answer what can be answered,
     /// and arm hibernation when idle.
-    async fn settle(&self, state: &mut AgentState) -> Result<(), ActorProcessingErr> {
-        self.run_effects(state).await?;
+    fn settle(&self, state: &mut AgentState) -> Result<(), ActorProcessingErr> {
+        self.run_effects(state)?;
         let flush = std::mem::take(&mut state.flush_chunks);
         if !state.core.unsent().is_empty() && (flush || !self.hold_chunks(state)) {
             let unsent = state.core.unsent();
@@ -528,14 +545,17 @@ impl AgentActor {
                 );
             }
             state.core.mark_sent();
-            let writer = self.writer(state).await?;
+            let writer = self.writer(state)?;
             if writer.cast(WriterMsg::Append(batch)).is_err() {
                 self.fail(state, "the session writer stopped".to_string());
             }
         }
         if state.core.is_idle() && state.core.durable_seq() == state.core.next_seq() {
-            // Chunks are in the store now and no longer read in memory: drop their payloads.
+            // Chunks are in the store now and no longer read in memory: drop their payloads, and
+            // the effect buffers' room (until the next turn).
             state.core.elide_durable_chunks();
+            state.effects = Vec::new();
+            state.core.release_effects();
             for w in state.idle_waiters.drain(..) {
                 deliver(w, ());
             }
@@ -673,12 +693,7 @@ impl AgentActor {
         Ok(())
     }
 
-    async fn handle_msg(
-        &self,
-        _myself: ActorRef<AgentMsg>,
-        msg: AgentMsg,
-        state: &mut AgentState,
-    ) -> Result<(), ActorProcessingErr> {
+    fn handle_msg(&self, msg: AgentMsg, state: &mut AgentState) -> Result<(), ActorProcessingErr> {
         let now = now_ms();
         if !msg.is_looking() {
             state.last_activity = Instant::now();
@@ -726,7 +741,7 @@ impl AgentActor {
             AgentMsg::LogReadForCaller { result, reply } => {
                 self.answer_log_read(state, result, reply)
             }
-            AgentMsg::BeginMaintenance { reply } => self.begin_maintenance(state, reply).await?,
+            AgentMsg::BeginMaintenance { reply } => self.begin_maintenance(state, reply)?,
             AgentMsg::EndMaintenance => state.core.end_maintenance(now),
             AgentMsg::Compact { reply } => Self::compact(state, reply, now),
             AgentMsg::Durable { through_seq } => self.on_durable(state, through_seq),
@@ -741,7 +756,7 @@ impl AgentActor {
             }
             AgentMsg::Chunk { ticket, chunk } => state.core.on_chunk(ticket, chunk, now),
             AgentMsg::Chunks { ticket, chunks } => {
-                self.on_chunks(state, ticket, chunks, now).await?;
+                self.on_chunks(state, ticket, chunks, now)?;
             }
             AgentMsg::FlushChunks { ticket } => {
                 // A stale attempt's request is moot: its stream is gone, and with it the holding.
@@ -790,7 +805,7 @@ impl AgentActor {
         if state.failed.is_some() || state.passivated {
             return Ok(());
         }
-        self.settle(state).await
+        self.settle(state)
     }
 
     /// Applies one input command to the core and acknowledges it once what it wrote is durable; a
@@ -872,14 +887,14 @@ impl AgentActor {
     }
 
     /// Enters maintenance if the agent is idle and answers with the maintenance task's token.
-    async fn begin_maintenance(
+    fn begin_maintenance(
         &self,
         state: &mut AgentState,
         reply: Reply<Result<CancellationToken, InputError>>,
     ) -> Result<(), ActorProcessingErr> {
         match state.core.begin_maintenance() {
             Ok(()) => {
-                self.run_effects(state).await?;
+                self.run_effects(state)?;
                 deliver(reply, Ok(state.token.clone()));
             }
             Err(busy) => deliver(reply, Err(InputError::Busy { id: busy.id })),
@@ -930,7 +945,7 @@ impl AgentActor {
 
     /// Feeds a burst of chunks as if each came alone: a chunk's effects run before the next chunk is
     /// fed (only the hand-off to the writer is shared, which batches what it is given anyway).
-    async fn on_chunks(
+    fn on_chunks(
         &self,
         state: &mut AgentState,
         ticket: u64,
@@ -939,7 +954,7 @@ impl AgentActor {
     ) -> Result<(), ActorProcessingErr> {
         for chunk in chunks {
             state.core.on_chunk(ticket, chunk, now);
-            self.run_effects(state).await?;
+            self.run_effects(state)?;
         }
         Ok(())
     }
@@ -1000,9 +1015,8 @@ impl AgentActor {
         true
     }
 
-    async fn on_supervision(
+    fn on_supervision(
         &self,
-        _myself: ActorRef<AgentMsg>,
         event: SupervisionEvent,
         state: &mut AgentState,
     ) -> Result<(), ActorProcessingErr> {
@@ -1046,7 +1060,7 @@ impl AgentActor {
         if state.failed.is_some() || state.passivated {
             return Ok(());
         }
-        self.settle(state).await
+        self.settle(state)
     }
 }
 
@@ -1087,6 +1101,7 @@ impl Actor for AgentActor {
             chunks_through: 0,
             flush_chunks: false,
             compact_reply: None,
+            effects: Vec::new(),
         })
     }
 
@@ -1095,34 +1110,34 @@ impl Actor for AgentActor {
         _myself: ActorRef<AgentMsg>,
         state: &mut AgentState,
     ) -> Result<(), ActorProcessingErr> {
-        Box::pin(self.settle(state)).await
+        self.settle(state)
     }
 
     async fn handle(
         &self,
-        myself: ActorRef<AgentMsg>,
+        _myself: ActorRef<AgentMsg>,
         msg: AgentMsg,
         state: &mut AgentState,
     ) -> Result<(), ActorProcessingErr> {
-        // Boxed so the actor's task holds a pointer instead of the largest handler state machine:
-        // an idle (hibernated) agent then costs only its mailbox and state.
+        // Synchronous: nothing here waits (children start at once, `spawn_child`), so the actor's
+        // task holds no handler state machine and a message allocates none.
         let span = tracing::debug_span!(
             "agent",
             agent = %state.core.id(),
             turn = state.core.last_turn(),
             step = state.core.current_step()
         );
-        Box::pin(self.handle_msg(myself, msg, state).instrument(span)).await
+        span.in_scope(|| self.handle_msg(msg, state))
     }
 
     async fn handle_supervisor_evt(
         &self,
-        myself: ActorRef<AgentMsg>,
+        _myself: ActorRef<AgentMsg>,
         event: SupervisionEvent,
         state: &mut AgentState,
     ) -> Result<(), ActorProcessingErr> {
         let span = tracing::debug_span!("agent", agent = %state.core.id());
-        Box::pin(self.on_supervision(myself, event, state).instrument(span)).await
+        span.in_scope(|| self.on_supervision(event, state))
     }
 
     async fn post_stop(
