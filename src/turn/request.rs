@@ -27,6 +27,9 @@ use crate::tools::schedule::PlannedCall;
 use super::{AgentCore, Effect, HookCall, Phase, ResolvedProvider, Stage};
 
 /// One request attempt: its stream, assembled as it arrives.
+/// The room an attempt's chunk seqs get at its first chunk (256 bytes): a short reply's chunks.
+const CHUNK_SEQS_ROOM: usize = 32;
+
 #[derive(Debug)]
 pub(super) struct Attempt {
     ticket: u64,
@@ -242,6 +245,10 @@ impl AgentCore {
         let Stage::Streaming(attempt) = &mut self.run_mut().stage else {
             unreachable!("still streaming")
         };
+        if attempt.chunk_seqs.capacity() == 0 {
+            // A short reply's seqs in one allocation rather than four doublings from four.
+            attempt.chunk_seqs.reserve_exact(CHUNK_SEQS_ROOM);
+        }
         attempt.chunk_seqs.push(seq);
         if is_finish {
             attempt.finished = true;
