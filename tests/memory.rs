@@ -440,10 +440,10 @@ async fn an_awake_agent_after_one_turn_holds_little_heap() {
 /// 2026-12-01: 202 (debug) and 201 (release); 265 with each event encoded on its own, as before
 /// batches were encoded into one buffer. 2026-12-02: 181 (debug), after the `sim` model stopped
 /// formatting each token (183) and the session writer stopped copying each batch (181).
-/// 2026-12-05: 165 (debug and release), after the agent's handler stopped boxing a future per
+/// 2026-12-05: 161 (debug and release), after the agent's handler stopped boxing a future per
 /// message (170), the stream actor's batch and the attempt's chunk seqs got their room at once
-/// (168, 165). A regression of one allocation per event (34 a turn), or of one per token (20),
-/// fails it.
+/// (168, 165), and a block's text its first room (161). A regression of one allocation per event
+/// (34 a turn), or of one per token (20), fails it.
 const TEXT_TURN_ALLOCS_MAX: u64 = 180;
 
 /// A text turn's allocations, counted exactly by the counting allocator over turns 100–200 of one

@@ -57,6 +57,9 @@ struct Partial {
     block: Option<ContentBlock>,
 }
 
+/// The room a block's text is given at its first delta: a short reply's text in one allocation.
+const TEXT_ROOM: usize = 256;
+
 impl Partial {
     fn new(index: u32, block_type: BlockType) -> Partial {
         Partial {
@@ -68,6 +71,15 @@ impl Partial {
             tool_call_arguments: String::new(),
             block: None,
         }
+    }
+
+    /// Appends a text or reasoning delta. The first gets `TEXT_ROOM` at once rather than growing by
+    /// doubling from eight bytes (the buffer is scratch: the block is assembled from a copy).
+    fn push_text(&mut self, delta: &str) {
+        if self.text.capacity() == 0 {
+            self.text.reserve(TEXT_ROOM.max(delta.len()));
+        }
+        self.text.push_str(delta);
     }
 
     /// True when the block this partial assembles to is a tool call.
@@ -168,13 +180,13 @@ impl BlockAssembler {
             StreamChunk::TextDelta { index, text } => {
                 let partial = self.partial(*index, || BlockType::Text);
                 if partial.block.is_none() {
-                    partial.text.push_str(text);
+                    partial.push_text(text);
                 }
             }
             StreamChunk::ReasoningDelta { index, text } => {
                 let partial = self.partial(*index, || BlockType::Reasoning);
                 if partial.block.is_none() {
-                    partial.text.push_str(text);
+                    partial.push_text(text);
                 }
             }
             StreamChunk::ToolCallDelta {
