@@ -98,8 +98,9 @@ impl SessionWriterActor {
 /// instance. It lives in the agent's registry slot, so it outlives the actors that use it.
 #[derive(Debug, Default)]
 pub(crate) struct WriteFence {
-    held: tokio::sync::Mutex<u64>,
-    /// The locked epoch, readable without the lock (see `epoch`).
+    /// Held by every append and by a seal.
+    held: tokio::sync::Mutex<()>,
+    /// The epoch; changed only by a seal, under `held`, and readable without it (see `epoch`).
     current: std::sync::atomic::AtomicU64,
 }
 
@@ -115,10 +116,9 @@ impl WriteFence {
     /// Waits for the append holding the fence to finish, then refuses every later append of a writer
     /// created before now. A restart seals before it reads the log back.
     pub(crate) async fn seal(&self) {
-        let mut held = self.held.lock().await;
-        *held += 1;
+        let _held = self.held.lock().await;
         self.current
-            .store(*held, std::sync::atomic::Ordering::SeqCst);
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -137,7 +137,7 @@ async fn append(
     let through_seq = batch.last().map_or(0, |e| e.seq + 1);
     let n = batch.len() as u64;
     let held = fence.held.lock().await;
-    let outcome = if *held == epoch {
+    let outcome = if fence.epoch() == epoch {
         // A store that panics is a failed append, not a lost one: without this the task died
         // silently, `Flushed` never came, and the agent waited for `Durable` forever.
         std::panic::AssertUnwindSafe(store.append(id, batch))

@@ -538,16 +538,14 @@ impl AgentCore {
         mem::take(&mut self.effects)
     }
 
-    /// Swaps the queued effects with `into`, which should be empty: a driver that keeps the buffer
-    /// it gets back and hands it in next time reuses two buffers instead of allocating one for
-    /// every call that queues effects. Effects already in `into` are queued first.
+    /// Moves the queued effects into `into`, by swapping buffers when `into` is empty: a driver
+    /// that keeps the buffer it gets back and hands it in next time reuses two buffers instead of
+    /// allocating one for every call that queues effects. Effects already in `into` stay first.
     pub fn swap_effects(&mut self, into: &mut Vec<Effect>) {
-        mem::swap(&mut self.effects, into);
-        if !self.effects.is_empty() {
-            // Not the expected use: keep every effect, in order, rather than lose the core's own.
-            let mut mine = mem::take(&mut self.effects);
-            into.splice(0..0, mine.drain(..));
-            self.effects = mine;
+        if into.is_empty() {
+            mem::swap(&mut self.effects, into);
+        } else {
+            into.append(&mut self.effects);
         }
     }
 
