@@ -8,6 +8,15 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// jemalloc, not glibc's malloc: with glibc, every agent thread's arena grows one `mprotect` call
+/// per fresh page and frees that cross threads take the owning arena's lock; both were a fifth of
+/// the agent threads' time in a 10,000-agent burst (BENCHMARKS.md, "jemalloc and smaller commit
+/// groups").
+/// Only the binary chooses: the libraries leave the allocator to whoever embeds them.
+#[cfg(all(target_os = "linux", not(target_env = "musl")))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     // SAFETY: this is the first statement of `main`: no other thread exists yet (the tokio runtime
     // and the tracing subscriber are started below), so nothing can read the environment while the

@@ -303,6 +303,9 @@ impl SqliteStore {
         if config.queue_requests_max == 0 {
             return Err(io_error(op, "queue_requests_max must be at least 1"));
         }
+        if config.group_requests_max == 0 {
+            return Err(io_error(op, "group_requests_max must be at least 1"));
+        }
         if config.queue_bytes_max == 0 || config.queue_bytes_max > u32::MAX as usize {
             return Err(io_error(
                 op,
@@ -409,6 +412,47 @@ impl SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A configuration with no room for a request, in the queue or in a group, or a byte bound
+    /// outside `1..=u32::MAX` is refused by name before anything is created on disk.
+    #[tokio::test]
+    async fn an_unusable_configuration_is_refused_before_the_disk_is_touched() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("store");
+        let refusals = [
+            (
+                SqliteConfig {
+                    queue_requests_max: 0,
+                    ..SqliteConfig::default()
+                },
+                "queue_requests_max must be at least 1",
+            ),
+            (
+                SqliteConfig {
+                    group_requests_max: 0,
+                    ..SqliteConfig::default()
+                },
+                "group_requests_max must be at least 1",
+            ),
+            (
+                SqliteConfig {
+                    queue_bytes_max: 0,
+                    ..SqliteConfig::default()
+                },
+                "queue_bytes_max is 0",
+            ),
+        ];
+        for (config, why) in refusals {
+            let Err(err) = SqliteStore::open(&dir, config) else {
+                panic!("opened with {why}");
+            };
+            assert!(
+                matches!(&err, StoreError::Io { .. }) && err.to_string().contains(why),
+                "{err}"
+            );
+            assert!(!dir.exists(), "{why}: the directory was created");
+        }
+    }
 
     /// The connections of a read-only store are opened read-only by SQLite itself
     /// (`SQLITE_OPEN_READ_ONLY`), not merely asked not to write (`PRAGMA query_only`, which any

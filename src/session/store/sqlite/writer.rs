@@ -2,7 +2,7 @@
 //! and commits everything queued as one group.
 //!
 //! `run_writer` waits for a request, takes every request queued behind it (all sessions, at most
-//! `SqliteConfig::queue_requests_max`), and hands the group to one blocking job on tokio's blocking
+//! `SqliteConfig::group_requests_max`), and hands the group to one blocking job on tokio's blocking
 //! pool (`commit_group`): one `BEGIN IMMEDIATE … COMMIT` — one WAL fsync — then every waiter is
 //! answered. Only then does the task take the next group, so requests that arrive during a commit
 //! form the next group and there is never a timer. When enough WAL was written, a passive checkpoint
@@ -147,7 +147,7 @@ pub(super) async fn run_writer(
 ) {
     let mut writer = Some(writer);
     let mut checkpointer = Checkpointer::default();
-    let group_requests_max = shared.config.queue_requests_max;
+    let group_requests_max = shared.config.group_requests_max;
     while let Some(first) = rx.recv().await {
         let mut group = Vec::with_capacity(rx.len().saturating_add(1).min(group_requests_max));
         group.push(first);
@@ -606,16 +606,14 @@ mod tests {
         }
     }
 
-    /// A group takes at most `queue_requests_max` requests even when more are queued. The store's
-    /// own queue holds at most that many, so more can be waiting only when a sender on another
-    /// thread refills the slot the group's first receive freed; a queue of a larger capacity stands
-    /// in for that race here. Five requests with a bound of two commit as groups of 2, 2 and 1 (the
-    /// last cut by the close behind it).
+    /// A group takes at most `group_requests_max` requests even when more are queued: five
+    /// requests with a bound of two commit as groups of 2, 2 and 1 (the last cut by the close
+    /// behind it), though the queue holds all of them.
     #[tokio::test]
-    async fn a_group_takes_at_most_queue_requests_max_requests() {
+    async fn a_group_takes_at_most_group_requests_max_requests() {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = SqliteConfig {
-            queue_requests_max: 2,
+            group_requests_max: 2,
             ..SqliteConfig::default()
         };
         let (shared, writer) = parts(dir.path(), config).await;
