@@ -9,10 +9,10 @@ use std::process::ExitCode;
 use clap::Parser;
 
 /// jemalloc, not glibc's malloc: with glibc, every agent thread's arena grows one `mprotect` call
-/// per fresh page and frees that cross threads take the owning arena's lock; both were a fifth of
-/// the agent threads' time in a 10,000-agent burst (BENCHMARKS.md, "jemalloc and smaller commit
-/// groups").
-/// Only the binary chooses: the libraries leave the allocator to whoever embeds them.
+/// per fresh page (with its page faults, `sysmalloc` was 36 % of the agent threads' samples in a
+/// 10,000-agent burst) and frees that cross threads take the owning arena's lock (18 % of the
+/// unpinned workers' samples); BENCHMARKS.md, "jemalloc and smaller commit groups". Only the binary
+/// chooses: the libraries leave the allocator to whoever embeds them.
 #[cfg(all(target_os = "linux", not(target_env = "musl")))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
