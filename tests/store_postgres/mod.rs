@@ -183,19 +183,20 @@ async fn postgres_appends_while_leases_renew_never_deadlock() {
     assert_eq!(deadlocks, 0, "the server detected deadlocks");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_requests_queued_during_a_commit_form_one_group() {
-    let Some(db) = TestDb::create("postgres_group_commit").await else {
-        return;
-    };
-    let store = std::sync::Arc::new(open(&db, node("a")).await);
+/// Holds one append's commit inside the server (a lock on the log), queues `n - 1` more appends of
+/// as many sessions behind it, lets the commit go, and returns how many groups committed the `n`.
+async fn groups_for_appends_queued_behind_a_held_commit(
+    db: &TestDb,
+    config: PostgresConfig,
+    n: usize,
+) -> u64 {
+    let store = std::sync::Arc::new(open(db, config).await);
     let mut writers = Vec::new();
-    for i in 0..9 {
+    for i in 0..n {
         let id = sid(&format!("g{i}"));
         store.create(&header(&id)).await.unwrap();
         writers.push(TurnWriter::new(id, 50));
     }
-    // Hold the first commit inside the server: a lock that blocks every insert into the log.
     let mut blocker = db.client().await;
     let lock = blocker.transaction().await.unwrap();
     lock.batch_execute("LOCK TABLE dsh_events IN EXCLUSIVE MODE")
@@ -217,7 +218,7 @@ async fn postgres_requests_queued_during_a_commit_form_one_group() {
             }
         }
     }
-    while store.queued() < 8 {
+    while store.queued() < n - 1 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     lock.rollback().await.unwrap();
@@ -226,12 +227,65 @@ async fn postgres_requests_queued_during_a_commit_form_one_group() {
     }
     let after = store.stats();
     assert_eq!(
-        after.n_groups - before.n_groups,
-        2,
-        "one group held, one queued"
+        after.n_requests_committed - before.n_requests_committed,
+        n as u64
     );
-    assert_eq!(after.n_requests_committed - before.n_requests_committed, 9);
     store.close().await.unwrap();
+    after.n_groups - before.n_groups
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_requests_queued_during_a_commit_form_one_group() {
+    let Some(db) = TestDb::create("postgres_group_commit").await else {
+        return;
+    };
+    let groups = groups_for_appends_queued_behind_a_held_commit(&db, node("a"), 9).await;
+    assert_eq!(groups, 2, "one group held, one queued");
+}
+
+/// With `group_requests_max` 3, the eight appends queued behind a held commit go as groups of 3, 3
+/// and 2, though all eight wait in the queue when the commit lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_group_takes_at_most_group_requests_max_requests() {
+    let Some(db) = TestDb::create("postgres_group_cap").await else {
+        return;
+    };
+    let config = PostgresConfig {
+        group_requests_max: 3,
+        ..node("a")
+    };
+    let groups = groups_for_appends_queued_behind_a_held_commit(&db, config, 9).await;
+    assert_eq!(groups, 4, "one group held, then 3 + 3 + 2");
+}
+
+/// A configuration with no room for a request, in the queue, in a group or in the reader pool, is
+/// refused by name before any connection is made (the URL points at no server).
+#[tokio::test]
+async fn postgres_an_unusable_configuration_is_refused_before_connecting() {
+    let url = "postgres://nobody@127.0.0.1:1/nothing";
+    for config in [
+        PostgresConfig {
+            queue_requests_max: 0,
+            ..node("a")
+        },
+        PostgresConfig {
+            group_requests_max: 0,
+            ..node("a")
+        },
+        PostgresConfig {
+            readers_max: 0,
+            ..node("a")
+        },
+    ] {
+        let Err(error) = PostgresStore::open(url, config).await else {
+            panic!("an unusable configuration was accepted");
+        };
+        let text = error.to_string();
+        assert!(
+            text.contains("group_requests_max") && text.contains("at least 1"),
+            "{text}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -75,8 +75,12 @@ pub struct PostgresConfig {
     /// Renew held leases in the background (every third of `lease_ttl`). Tests turn it off to
     /// stand for a node that stopped.
     pub renew_leases: bool,
-    /// Write requests queued for the writer at most, and the most one group takes. 8,192.
+    /// Write requests queued for the writer at most. 8,192.
     pub queue_requests_max: usize,
+    /// The most requests one commit group takes, however many are queued: the first agents of a
+    /// burst hear that their events are durable while the writer commits the next group, instead of
+    /// every agent waiting for one group of everything queued. 1,024.
+    pub group_requests_max: usize,
     /// Pooled read connections at most. 4.
     pub readers_max: usize,
 }
@@ -90,6 +94,7 @@ impl Default for PostgresConfig {
             lease_ttl: Duration::from_secs(10),
             renew_leases: true,
             queue_requests_max: 8_192,
+            group_requests_max: 1_024,
             readers_max: 4,
         }
     }
@@ -308,10 +313,13 @@ impl PostgresStore {
             let idle_ms = (config.lease_ttl / 2).as_millis().max(250);
             pg_config.options(format!("-c idle_in_transaction_session_timeout={idle_ms}"));
         }
-        if config.queue_requests_max == 0 || config.readers_max == 0 {
+        if config.queue_requests_max == 0
+            || config.group_requests_max == 0
+            || config.readers_max == 0
+        {
             return Err(io_error(
                 "open",
-                "queue_requests_max and readers_max must be at least 1",
+                "queue_requests_max, group_requests_max and readers_max must be at least 1",
             ));
         }
         let manager = Manager::from_config(pg_config.clone(), NoTls, ManagerConfig::default());

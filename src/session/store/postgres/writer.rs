@@ -2,7 +2,7 @@
 //! queued, from every session, in one transaction.
 //!
 //! `run_writer` waits for a request, takes every request queued behind it (at most
-//! `PostgresConfig::queue_requests_max`), and commits the group: `BEGIN`, one statement per request
+//! `PostgresConfig::group_requests_max`), and commits the group: `BEGIN`, one statement per request
 //! sent pipelined (one round trip for the group), `COMMIT` with `synchronous_commit = on` (one WAL
 //! flush on the server). Only then does it take the next group, so requests that arrive during a
 //! commit form the next group; there is no timer.
@@ -141,7 +141,7 @@ pub(super) async fn run_writer(
     conn: WriterConn,
 ) {
     let mut conn = Some(conn);
-    let group_requests_max = shared.config.queue_requests_max;
+    let group_requests_max = shared.config.group_requests_max;
     while let Some(first) = rx.recv().await {
         let mut group = vec![first];
         while group.len() < group_requests_max {
