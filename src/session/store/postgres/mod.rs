@@ -146,8 +146,11 @@ struct Shared {
     /// Sessions this node released (hibernated), by the epoch it released: while the lease row
     /// still shows that epoch, nobody wrote the session since, and a dormant agent is current.
     released: Mutex<HashMap<SessionId, i64>>,
-    /// Serializes lease takes, so two callers never race one session's epoch up twice.
-    taking: tokio::sync::Mutex<()>,
+    /// One lock per session whose lease is being taken (or which is being created): two callers
+    /// never race one session's epoch up twice, and takes of different sessions run side by side
+    /// (as many as the reader pool has connections). An entry lives while its lock is held or
+    /// waited for.
+    taking: Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
     closed: AtomicBool,
     counters: Counters,
 }
@@ -179,6 +182,31 @@ async fn connect(config: &tokio_postgres::Config, role: &str) -> Result<Client, 
     Ok(client)
 }
 
+/// A session's take lock, held (`Shared::taking`).
+struct Taking<'a> {
+    shared: &'a Shared,
+    id: SessionId,
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for Taking<'_> {
+    fn drop(&mut self) {
+        let mut taking = self
+            .shared
+            .taking
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // The map's reference and this guard's: nobody else holds or waits for the lock (a
+        // waiter clones the entry under the map's lock, so it cannot appear meanwhile).
+        if taking
+            .get(&self.id)
+            .is_some_and(|lock| Arc::strong_count(lock) == 2)
+        {
+            taking.remove(&self.id);
+        }
+    }
+}
+
 impl Shared {
     fn held(&self) -> MutexGuard<'_, HashMap<SessionId, Held>> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
@@ -186,6 +214,20 @@ impl Shared {
 
     fn released(&self) -> MutexGuard<'_, HashMap<SessionId, i64>> {
         self.released.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until no other take or create of `id` runs on this node, and holds that until the
+    /// guard drops.
+    async fn taking(&self, id: &SessionId) -> Taking<'_> {
+        let lock = {
+            let mut taking = self.taking.lock().unwrap_or_else(PoisonError::into_inner);
+            Arc::clone(taking.entry(id.clone()).or_default())
+        };
+        Taking {
+            shared: self,
+            id: id.clone(),
+            _guard: lock.lock_owned().await,
+        }
     }
 
     fn set_state(&self, id: &SessionId, state: HeldState) {
@@ -333,7 +375,7 @@ impl PostgresStore {
             pool,
             held: Mutex::new(HashMap::new()),
             released: Mutex::new(HashMap::new()),
-            taking: tokio::sync::Mutex::new(()),
+            taking: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             counters: Counters::default(),
         });
@@ -525,7 +567,7 @@ impl PostgresStore {
     /// Takes the lease of `id` (epoch + 1) and records the stored end. `Fenced` when another node
     /// holds a live lease; `NotFound` when no such session is stored.
     async fn take(&self, id: &SessionId) -> Result<(SessionHeader, i64), StoreError> {
-        let _taking = self.shared.taking.lock().await;
+        let _taking = self.shared.taking(id).await;
         let op = "take lease";
         let mut client = self.shared.client(op).await?;
         let tx = client
@@ -830,7 +872,7 @@ impl SessionStore for PostgresStore {
         let id = &header.id;
         let json = serde_json::to_string(header).map_err(|e| io_error(op, e))?;
         let created_at = i64::try_from(header.created_at).unwrap_or(i64::MAX);
-        let _taking = self.shared.taking.lock().await;
+        let _taking = self.shared.taking(id).await;
         let mut client = self.shared.client(op).await?;
         let tx = client
             .transaction()
