@@ -574,15 +574,26 @@ impl PostgresStore {
             .transaction()
             .await
             .map_err(|e| io_error(op, pg_error(&e)))?;
-        let header = read_header(
-            &tx,
-            "SELECT header FROM dsh_sessions WHERE id = $1 FOR SHARE",
-            id,
-            op,
+        // The three statements go out pipelined, one round trip instead of three; the server still
+        // runs them in order (the header's row locked before the lease is taken). On `NotFound` or
+        // a lease held elsewhere the transaction rolls back, so a lease row the upsert made for no
+        // session, or the read of its end, is never kept.
+        let (header, lease, end) = futures::future::join3(
+            read_header(
+                &tx,
+                "SELECT header FROM dsh_sessions WHERE id = $1 FOR SHARE",
+                id,
+                op,
+            ),
+            take_lease(&tx, &self.shared, id, op),
+            tx.query_one(
+                "SELECT max(seq) FROM dsh_events WHERE session_id = $1",
+                &[&id.as_str()],
+            ),
         )
-        .await?
-        .ok_or_else(|| StoreError::NotFound { id: id.clone() })?;
-        let Some(epoch) = take_lease(&tx, &self.shared, id, op).await? else {
+        .await;
+        let header = header?.ok_or_else(|| StoreError::NotFound { id: id.clone() })?;
+        let Some(epoch) = lease? else {
             let holder = tx
                 .query_opt(
                     "SELECT node_id, epoch, greatest(0, extract(epoch FROM expires_at - now()))::float8 \
@@ -611,13 +622,7 @@ impl PostgresStore {
                 left,
             });
         };
-        let end = tx
-            .query_one(
-                "SELECT max(seq) FROM dsh_events WHERE session_id = $1",
-                &[&id.as_str()],
-            )
-            .await
-            .map_err(|e| io_error(op, pg_error(&e)))?;
+        let end = end.map_err(|e| io_error(op, pg_error(&e)))?;
         let max: Option<i64> = end.try_get(0).map_err(|e| io_error(op, e))?;
         tx.commit().await.map_err(|e| io_error(op, pg_error(&e)))?;
         let next_seq = max.map_or(0, |m| u64::try_from(m).map_or(0, |m| m.saturating_add(1)));
@@ -878,19 +883,22 @@ impl SessionStore for PostgresStore {
             .transaction()
             .await
             .map_err(|e| io_error(op, pg_error(&e)))?;
-        let inserted = tx
-            .execute(
+        // Pipelined, one round trip for both; when the session exists, the transaction rolls back
+        // and the lease is as it was.
+        let (inserted, lease) = futures::future::join(
+            tx.execute(
                 "INSERT INTO dsh_sessions (id, created_at, header) VALUES ($1, $2, $3) \
                  ON CONFLICT (id) DO NOTHING",
                 &[&id.as_str(), &created_at, &json],
-            )
-            .await
-            .map_err(|e| io_error(op, pg_error(&e)))?;
-        if inserted == 0 {
+            ),
+            // A lease row left by a deleted session of the same id keeps its epoch growing.
+            take_lease(&tx, &self.shared, id, op),
+        )
+        .await;
+        if inserted.map_err(|e| io_error(op, pg_error(&e)))? == 0 {
             return Err(StoreError::AlreadyExists { id: id.clone() });
         }
-        // A lease row left by a deleted session of the same id keeps its epoch growing.
-        let Some(epoch) = take_lease(&tx, &self.shared, id, op).await? else {
+        let Some(epoch) = lease? else {
             return Err(StoreError::AlreadyExists { id: id.clone() });
         };
         tx.commit().await.map_err(|e| io_error(op, pg_error(&e)))?;
