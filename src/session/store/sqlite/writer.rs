@@ -147,20 +147,23 @@ impl Writer {
 
 /// The writer task: owns the queue; one blocking commit job at a time, and at most one checkpoint
 /// job beside it.
-pub(super) async fn run_writer(shared: Arc<Shared>, rx: mpsc::Receiver<Request>, writer: Writer) {
-    let mut rx = Some(rx);
+pub(super) async fn run_writer(
+    shared: Arc<Shared>,
+    mut rx: mpsc::Receiver<Request>,
+    writer: Writer,
+) {
     let mut writer = Some(writer);
     let mut checkpointer = Checkpointer::default();
     let group_requests_max = shared.config.group_requests_max;
     // A group the commit job took from the queue but left to this task (it holds a close).
     let mut carried: Vec<Request> = Vec::new();
-    while let Some(queue) = rx.as_mut() {
+    loop {
         let mut group = if carried.is_empty() {
-            let Some(first) = queue.recv().await else {
+            let Some(first) = rx.recv().await else {
                 break;
             };
             let mut group = vec![first];
-            take_queued(queue, &mut group, group_requests_max);
+            take_queued(&mut rx, &mut group, group_requests_max);
             group
         } else {
             std::mem::take(&mut carried)
@@ -168,15 +171,16 @@ pub(super) async fn run_writer(shared: Arc<Shared>, rx: mpsc::Receiver<Request>,
         let close_idx = group.iter().position(|r| matches!(r.op, Op::Close));
         let after_close = close_idx.map(|idx| group.split_off(idx));
         if !group.is_empty() {
-            match (writer.take(), rx.take()) {
-                (Some(w), Some(queue)) => {
+            match writer.take() {
+                Some(w) => {
+                    // The queue goes with the job, which takes the groups queued behind this one.
                     let job_shared = Arc::clone(&shared);
                     let job = tokio::task::spawn_blocking(move || {
-                        commit_while_queued(&job_shared, w, checkpointer, queue, group)
+                        commit_while_queued(&job_shared, w, checkpointer, rx, group)
                     });
                     match job.await {
                         Ok(burst) => {
-                            rx = Some(burst.rx);
+                            rx = burst.rx;
                             checkpointer = burst.checkpointer;
                             carried = burst.next;
                             let w = catch_up_if_due(&shared, &mut checkpointer, burst.writer).await;
@@ -196,9 +200,7 @@ pub(super) async fn run_writer(shared: Arc<Shared>, rx: mpsc::Receiver<Request>,
                         }
                     }
                 }
-                (w, queue) => {
-                    writer = w;
-                    rx = queue;
+                None => {
                     let cause = shared
                         .poison
                         .get()
@@ -740,6 +742,25 @@ mod tests {
         }
     }
 
+    /// Takes a first group of at most `first_max` requests from `rx` and runs one commit job on
+    /// it, on tokio's blocking pool as the writer task does.
+    async fn commit_job(
+        shared: &Arc<Shared>,
+        writer: Writer,
+        checkpointer: Checkpointer,
+        mut rx: mpsc::Receiver<Request>,
+        first_max: usize,
+    ) -> Burst {
+        let mut first = Vec::new();
+        take_queued(&mut rx, &mut first, first_max);
+        let shared = Arc::clone(shared);
+        tokio::task::spawn_blocking(move || {
+            commit_while_queued(&shared, writer, checkpointer, rx, first)
+        })
+        .await
+        .expect("the job ran")
+    }
+
     /// A group takes at most `group_requests_max` requests even when more are queued: five
     /// requests with a bound of two commit as groups of 2, 2 and 1 (the last cut by the close
     /// behind it), though the queue holds all of them.
@@ -782,7 +803,7 @@ mod tests {
             ..SqliteConfig::default()
         };
         let (shared, writer) = parts(dir.path(), config).await;
-        let (tx, mut rx) = mpsc::channel(16);
+        let (tx, rx) = mpsc::channel(16);
         let mut answers = Vec::new();
         for i in 0..5 {
             let (request, answer) = request(empty_append(&format!("s{i}")));
@@ -791,14 +812,7 @@ mod tests {
         }
         let (close, _closed) = request(Op::Close);
         tx.try_send(close).expect("room in the queue");
-        let mut first = Vec::new();
-        take_queued(&mut rx, &mut first, 2);
-        let job_shared = Arc::clone(&shared);
-        let burst = tokio::task::spawn_blocking(move || {
-            commit_while_queued(&job_shared, writer, Checkpointer::default(), rx, first)
-        })
-        .await
-        .expect("the job ran");
+        let burst = commit_job(&shared, writer, Checkpointer::default(), rx, 2).await;
         let kinds: Vec<bool> = burst
             .next
             .iter()
@@ -825,7 +839,7 @@ mod tests {
             ..SqliteConfig::default()
         };
         let (shared, writer) = parts(dir.path(), config).await;
-        let (tx, mut rx) = mpsc::channel(16);
+        let (tx, rx) = mpsc::channel(16);
         for i in 0..3u64 {
             let id = format!("s{i}");
             let (request, _answer) = request(Op::Append {
@@ -842,14 +856,7 @@ mod tests {
             });
             tx.try_send(request).expect("room in the queue");
         }
-        let mut first = Vec::new();
-        take_queued(&mut rx, &mut first, 1);
-        let job_shared = Arc::clone(&shared);
-        let burst = tokio::task::spawn_blocking(move || {
-            commit_while_queued(&job_shared, writer, Checkpointer::default(), rx, first)
-        })
-        .await
-        .expect("the job ran");
+        let burst = commit_job(&shared, writer, Checkpointer::default(), rx, 1).await;
         assert!(burst.next.is_empty());
         assert_eq!(burst.rx.len(), 2);
         assert_eq!(shared.counters.n_groups.load(Ordering::SeqCst), 1);
@@ -1098,19 +1105,12 @@ mod tests {
         checkpointer.backfilled.store(0, Ordering::Relaxed);
         // The catch-up started the WAL over: ~1 MB more puts the commits far ahead again.
         commit_events(&shared, &mut writer, "a", 1_020, 1_000);
-        let (tx, mut rx) = mpsc::channel(4);
+        let (tx, rx) = mpsc::channel(4);
         let (first, _answer) = request(empty_append("a"));
         tx.try_send(first).expect("room in the queue");
-        let mut group = Vec::new();
-        take_queued(&mut rx, &mut group, 1);
         let (second, _answer) = request(empty_append("a"));
         tx.try_send(second).expect("room in the queue");
-        let job_shared = Arc::clone(&shared);
-        let burst = tokio::task::spawn_blocking(move || {
-            commit_while_queued(&job_shared, writer, checkpointer, rx, group)
-        })
-        .await
-        .expect("the job ran");
+        let burst = commit_job(&shared, writer, checkpointer, rx, 1).await;
         // Both groups committed: a pass started instead of a hand-back after the first.
         assert_eq!(burst.checkpointer.passes, 1);
         assert!(burst.rx.is_empty());
