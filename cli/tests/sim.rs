@@ -66,6 +66,7 @@ fn assert_shape(v: &Value) {
     for key in [
         "step_latency_ms",
         "ack_latency_ms",
+        "arrival_ack_ms",
         "steer_to_claim_ms",
         "cancel_to_idle_ms",
         "wake_ack_ms",
@@ -153,6 +154,11 @@ async fn fifty_agents_two_turns_add_up_against_the_store() {
     assert_eq!(u(&v, "turns_started_by_steer"), 0);
     assert_eq!(v["turn_ends"], serde_json::json!({"completed": 100}));
     assert_eq!(n_samples(&v, "ack_latency_ms"), 100, "one ack per followup");
+    assert_eq!(
+        n_samples(&v, "arrival_ack_ms"),
+        50,
+        "one per agent: its first followup"
+    );
     assert_eq!(
         n_samples(&v, "step_latency_ms"),
         100,
@@ -453,6 +459,19 @@ async fn a_wake_sample_wakes_that_many_hibernated_agents_once_each() {
         "the run's turns leave the wakes out (they come after the run)"
     );
     assert_eq!(n_samples(&v, "ack_latency_ms"), 20);
+    assert_eq!(
+        n_samples(&v, "arrival_ack_ms"),
+        20,
+        "one per agent: its first followup"
+    );
+    // With one followup per agent and no steers, each input's time from its due time includes
+    // its time from the call, so every rank of the one is at least that of the other.
+    for q in ["p50", "p99", "max"] {
+        assert!(
+            f(&v["ack_latency_ms"], q) <= f(&v["arrival_ack_ms"], q),
+            "{q}: {v}"
+        );
+    }
     for key in ["wake_ack_ms", "wake_turn_ms"] {
         assert_eq!(n_samples(&v, key), 5, "{key}");
     }

@@ -51,6 +51,8 @@ pub(super) fn agent_rng(seed: u64, agent_idx: usize) -> SplitMix64 {
 #[derive(Default)]
 pub(super) struct DriverTally {
     pub(super) ack_ns: Vec<u64>,
+    /// The agent's first followup, from when it was due until durable.
+    pub(super) arrival_ack_ns: Vec<u64>,
     pub(super) cancel_to_idle_ns: Vec<u64>,
     pub(super) followups: u64,
     pub(super) steers: u64,
@@ -64,6 +66,7 @@ impl DriverTally {
     /// Adds `other`'s samples and counts to this tally.
     fn absorb(&mut self, other: DriverTally) {
         self.ack_ns.extend(other.ack_ns);
+        self.arrival_ack_ns.extend(other.arrival_ack_ns);
         self.cancel_to_idle_ns.extend(other.cancel_to_idle_ns);
         self.followups += other.followups;
         self.steers += other.steers;
@@ -95,10 +98,11 @@ pub(super) async fn drive(
         ack_ns: Vec::with_capacity(plan.turns_per_agent),
         ..DriverTally::default()
     };
+    let mut due = ramp_start;
     if plan.ramp_ms > 0 {
         // The same draw as `ramp_delay`; the spawner already waited for it.
-        let delay_ms = rng.next_u64() % plan.ramp_ms;
-        tokio::time::sleep_until((ramp_start + Duration::from_millis(delay_ms)).into()).await;
+        due += Duration::from_millis(rng.next_u64() % plan.ramp_ms);
+        tokio::time::sleep_until(due.into()).await;
     }
     for turn_idx in 0..plan.turns_per_agent {
         let prompt = Message::user_text(
@@ -107,7 +111,13 @@ pub(super) async fn drive(
         );
         let started = Instant::now();
         agent.followup(prompt).await.map_err(fail)?;
-        tally.ack_ns.push(ns(started.elapsed()));
+        let acked = started.elapsed();
+        tally.ack_ns.push(ns(acked));
+        if turn_idx == 0 {
+            tally
+                .arrival_ack_ns
+                .push(ns(acked + started.saturating_duration_since(due)));
+        }
         tally.followups += 1;
         if rng.chance(plan.steer_rate) {
             let id = MessageId::mint();
@@ -492,11 +502,15 @@ async fn run_turns(
             Arc::clone(steers),
             Arc::clone(&progress.counters),
         );
+        let gate = Arc::new(tokio::sync::Semaphore::new(DRIVERS_UNSTARTED_MAX));
         tokio::spawn(async move {
             for (delay, agent_idx) in order {
                 if !delay.is_zero() {
                     tokio::time::sleep_until((started + delay).into()).await;
                 }
+                let Ok(unstarted) = Arc::clone(&gate).acquire_owned().await else {
+                    break;
+                };
                 let steers = observed
                     .binary_search(&agent_idx)
                     .is_ok()
@@ -504,14 +518,18 @@ async fn run_turns(
                 // Beside its agent: with `--agent-threads`, on the agent's own thread, so the
                 // driver's inputs and the agent's answers never wake another thread.
                 let agent = &agents[agent_idx];
-                let driver = agent.spawn_beside(drive(
+                let drive = drive(
                     agent.clone(),
                     agent_idx,
                     Arc::clone(&plan),
                     started,
                     steers,
                     Arc::clone(&counters),
-                ));
+                );
+                let driver = agent.spawn_beside(async move {
+                    drop(unstarted);
+                    drive.await
+                });
                 if handles.send(driver).is_err() {
                     break;
                 }

@@ -109,6 +109,11 @@ pub const HIBERNATE_MS_MAX: u64 = 3_600_000;
 /// runs never lag). Every observed agent's buffer is allocated in full when it is subscribed; that
 /// memory is measured and left out of `bytes_per_agent`.
 const OBSERVER_BUFFER_MAX: usize = 512;
+/// Drivers spawned that have not yet run: the spawner waits for one to start before it spawns
+/// more. Spawned all at once, 10,000 drivers would fill tokio's global queue, and every task woken
+/// meanwhile that overflowed a worker's local queue (an acknowledged input's driver, an agent
+/// whose input became durable) would wait behind all of them.
+const DRIVERS_UNSTARTED_MAX: usize = 256;
 /// Rounds of pre-encoded events each ceiling appender can append at most.
 const CEILING_ROUNDS_MAX: usize = 256;
 /// How long the hibernation wait polls at most before it reports what it has.

@@ -129,6 +129,10 @@ pub struct SimReport {
     pub step_latency_ms: Percentiles,
     /// A followup or steer call, until the input was durable.
     pub ack_latency_ms: Percentiles,
+    /// Each agent's first followup, from when it was due (the start of the turns, plus its
+    /// `--ramp-ms` delay) until the input was durable: `ack_latency_ms` plus the time the input
+    /// waited for its driver to run, which a burst of thousands spends in the runtime's queues.
+    pub arrival_ack_ms: Percentiles,
     /// From a steer to its claim at a step boundary, on the observed agents.
     pub steer_to_claim_ms: Percentiles,
     /// From a cancel until the agent was idle.
@@ -180,6 +184,7 @@ impl SimReport {
     ) -> SimReport {
         let DriverTally {
             mut ack_ns,
+            mut arrival_ack_ns,
             mut cancel_to_idle_ns,
             followups,
             steers: steers_sent,
@@ -221,6 +226,7 @@ impl SimReport {
             hibernated_agents: memory.hibernated_agents,
             step_latency_ms: Percentiles::of(&mut observed.step_ns),
             ack_latency_ms: Percentiles::of(&mut ack_ns),
+            arrival_ack_ms: Percentiles::of(&mut arrival_ack_ns),
             steer_to_claim_ms: Percentiles::of(&mut observed.steer_to_claim_ns),
             cancel_to_idle_ms: Percentiles::of(&mut cancel_to_idle_ns),
             wake_ack_ms: Percentiles::of(&mut wake.ack_ns),
@@ -358,6 +364,7 @@ impl SimReport {
         let mut rows = vec![
             ("step", &self.step_latency_ms),
             ("input ack", &self.ack_latency_ms),
+            ("due -> ack", &self.arrival_ack_ms),
             ("steer -> claim", &self.steer_to_claim_ms),
             ("cancel -> idle", &self.cancel_to_idle_ms),
         ];
