@@ -171,6 +171,9 @@ pub struct StoreStats {
     pub n_bytes_committed: u64,
     /// WAL checkpoints the writer ran.
     pub n_checkpoints: u64,
+    /// Times a checkpoint beside the commits synced the database file after copying pages into
+    /// it (so the catch-up that holds the commits syncs only its own pages).
+    pub n_database_syncs: u64,
     /// Times the writer checkpointed the whole WAL and truncated it (`wal_restart_after_bytes`).
     pub n_wal_restarts: u64,
     /// Times SQLite started the WAL over from its beginning at a commit, without truncating it,
@@ -191,6 +194,7 @@ struct Counters {
     n_events_committed: AtomicU64,
     n_bytes_committed: AtomicU64,
     n_checkpoints: AtomicU64,
+    n_database_syncs: AtomicU64,
     n_wal_restarts: AtomicU64,
     n_wal_resets: AtomicU64,
     writer_cpu_ns: AtomicU64,
@@ -571,6 +575,7 @@ impl SqliteStore {
             n_events_committed: c.n_events_committed.load(Ordering::SeqCst),
             n_bytes_committed: c.n_bytes_committed.load(Ordering::SeqCst),
             n_checkpoints: c.n_checkpoints.load(Ordering::SeqCst),
+            n_database_syncs: c.n_database_syncs.load(Ordering::SeqCst),
             n_wal_restarts: c.n_wal_restarts.load(Ordering::SeqCst),
             n_wal_resets: c.n_wal_resets.load(Ordering::SeqCst),
             writer_cpu_ns: c.writer_cpu_ns.load(Ordering::Relaxed),

@@ -647,6 +647,16 @@ fn wal_checkpoint(db: &Connection, mode: &'static str) -> rusqlite::Result<(i64,
     })
 }
 
+/// Syncs the database file's data, beside the commits. SQLite syncs it only in a checkpoint that
+/// copies the WAL to its end, and beside the commits only the catch-up, which holds them, does
+/// that: every page the passes copied before stayed dirty until then, and the catch-up's sync wrote
+/// them all (130–140 ms at a million agents, for a catch-up of a dozen frames). Synced after each
+/// pass, the catch-up's sync has only the pages it copied itself. Only a hint to the disk: the
+/// file's content is SQLite's, and the catch-up still syncs what it copies.
+fn sync_database_file(path: &std::path::Path) -> std::io::Result<()> {
+    File::open(path)?.sync_data()
+}
+
 /// A passive checkpoint on the checkpoint connection (opened on first use, returned for reuse). A
 /// failure poisons: the checkpoint's fsync of the database file is as much a sync as a commit's.
 fn run_checkpoint(shared: &Shared, db: Option<Db>, backfilled: &AtomicU64) -> Option<Db> {
@@ -668,6 +678,21 @@ fn run_checkpoint(shared: &Shared, db: Option<Db>, backfilled: &AtomicU64) -> Op
     match result {
         Ok((busy, n_wal_frames, n_checkpointed)) => {
             shared.counters.n_checkpoints.fetch_add(1, Ordering::SeqCst);
+            let copied = started.elapsed();
+            if n_checkpointed > 0 {
+                if let Err(e) = sync_database_file(&shared.db_path) {
+                    // As a failed checkpoint: after a failed fsync the kernel may have dropped the
+                    // pages it could not write, and a later fsync (the catch-up's) succeed anyway.
+                    shared.poison(format!(
+                        "syncing the database file after a checkpoint failed: {e}"
+                    ));
+                    return None;
+                }
+                shared
+                    .counters
+                    .n_database_syncs
+                    .fetch_add(1, Ordering::SeqCst);
+            }
             backfilled.store(
                 u64::try_from(n_checkpointed).unwrap_or(0),
                 Ordering::Relaxed,
@@ -676,7 +701,8 @@ fn run_checkpoint(shared: &Shared, db: Option<Db>, backfilled: &AtomicU64) -> Op
                 busy,
                 n_wal_frames,
                 n_checkpointed,
-                checkpoint_us = started.elapsed().as_micros() as u64,
+                checkpoint_us = copied.as_micros() as u64,
+                sync_us = (started.elapsed() - copied).as_micros() as u64,
                 "wal checkpointed"
             );
             Some(db)
@@ -925,6 +951,29 @@ mod tests {
         checkpointer.start_if_due(&shared, &mut writer);
         assert!(checkpointer.running.is_none());
         assert_eq!(writer.wal_bytes_since_checkpoint, 1_000);
+    }
+
+    /// A checkpoint beside the commits that copied pages into the database file syncs that file
+    /// itself, so the catch-up that holds the commits has only its own pages to sync; with nothing
+    /// in the WAL there is nothing to sync.
+    #[tokio::test]
+    async fn a_checkpoint_that_copied_pages_syncs_the_database_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (shared, mut writer) = parts(dir.path(), SqliteConfig::default()).await;
+        let backfilled = AtomicU64::new(0);
+        let syncs = |shared: &Shared| shared.counters.n_database_syncs.load(Ordering::SeqCst);
+        let db = run_checkpoint(&shared, None, &backfilled);
+        assert!(db.is_some());
+        assert_eq!(backfilled.load(Ordering::Relaxed), 0, "an empty WAL");
+        assert_eq!(syncs(&shared), 0);
+
+        commit_events(&shared, &mut writer, "a", 0, 8);
+        let db = run_checkpoint(&shared, db, &backfilled);
+        assert!(db.is_some());
+        assert!(backfilled.load(Ordering::Relaxed) > 0, "pages were copied");
+        assert_eq!(syncs(&shared), 1);
+        assert_eq!(shared.counters.n_checkpoints.load(Ordering::SeqCst), 2);
+        assert_eq!(shared.poison.get(), None);
     }
 
     /// One group of one append of `n` events to `id` (created by the first), committed directly.
