@@ -529,9 +529,10 @@ impl Checkpointer {
 /// the next commit (unless a reader still reads from it): the `-wal` file is reused from its
 /// beginning instead of growing, and the truncation of `restart_wal`, which held the commits for
 /// 0.6–0.7 s at every 64 MiB of events in a 100,000-agent `dsh sim` (it frees and syncs the
-/// whole file), is not needed. The next group waits for the catch-up (18–52 ms there, 176 ms p50 at
-/// a million agents: the frames committed during one checkpoint, and the sync). `None` if the
-/// blocking job itself failed (the store is poisoned).
+/// whole file), is not needed. The next group waits for the catch-up: the frames the last pass
+/// left, and the sync of the pages it copied (the passes sync theirs, `sync_database_file`; before
+/// they did, the catch-up synced every page of every pass, up to 170 ms at a million agents).
+/// `None` if the blocking job itself failed (the store is poisoned).
 async fn catch_up_if_due(
     shared: &Arc<Shared>,
     checkpointer: &mut Checkpointer,
