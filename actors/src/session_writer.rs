@@ -2,12 +2,15 @@
 //!
 //! It receives encoded events in seq order from its agent and hands them to the store, at most one
 //! append in flight: events that arrive meanwhile form the next batch, so a busy agent's events are
-//! batched naturally and the store's group commit shares one sync among all agents. The task that
-//! runs an append reports its outcome straight to the agent — `Durable { through_seq }`, or
-//! `WriterFailed` (the agent then refuses input: after a failed sync nothing later can be trusted to
-//! be durable) — and only then tells the writer it may start the next batch (`Flushed`).
+//! batched naturally and the store's group commit shares one sync among all agents. The append
+//! reports its outcome straight to the agent — `Durable { through_seq }`, or `WriterFailed` (the
+//! agent then refuses input: after a failed sync nothing later can be trusted to be durable). The
+//! writer polls each append once where it starts it: a store that takes the batch at once (the
+//! memory store) is done there, with no task and no further message. An append that must wait (for
+//! SQLite's group commit, PostgreSQL's round trip) goes on in a task of its own, which tells the
+//! writer it may start the next batch (`Flushed`) once the agent was told.
 //!
-//! A panic inside the store's `append` is caught in the append task and reported as a failed append
+//! A panic inside the store's `append` is caught around the call and reported as a failed append
 //! (`StoreError::Io`), so the agent fails with a clear error instead of waiting for an
 //! acknowledgement that never comes.
 //!
@@ -85,12 +88,38 @@ impl SessionWriterActor {
         let fence = Arc::clone(&state.args.fence);
         let epoch = state.args.epoch;
         let metrics = Arc::clone(&state.args.metrics);
-        let myself = myself.clone();
-        state.in_flight = Some(tokio::spawn(async move {
-            let ok = append(&fence, epoch, &*store, &id, batch, &agent, &metrics).await;
-            let _ = myself.cast(WriterMsg::Flushed { ok });
-            ok
-        }));
+        let mut append =
+            Box::pin(
+                async move { append(&fence, epoch, &*store, &id, batch, &agent, &metrics).await },
+            );
+        // A store that takes the batch at once (in memory, or an append refused before it waits)
+        // is done here, with no task and no `Flushed`: the agent hears `Durable` straight from
+        // this handler. Otherwise the append goes on in a task, which polls it again with its own
+        // waker (every future re-registers at each poll, so the first poll's no-op waker loses no
+        // wake-up).
+        let first_poll = append
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        match first_poll {
+            std::task::Poll::Ready(ok) => Self::flushed(state, ok),
+            std::task::Poll::Pending => {
+                let myself = myself.clone();
+                state.in_flight = Some(tokio::spawn(async move {
+                    let ok = append.await;
+                    let _ = myself.cast(WriterMsg::Flushed { ok });
+                    ok
+                }));
+            }
+        }
+    }
+
+    /// The append in flight finished; after a failure nothing more is written.
+    fn flushed(state: &mut WriterState, ok: bool) {
+        state.in_flight = None;
+        if !ok {
+            state.failed = true;
+            state.pending.clear();
+        }
     }
 }
 
@@ -210,13 +239,7 @@ impl Actor for SessionWriterActor {
             // Nothing waits unless an append is in flight: keep the batch as it is, no copy.
             WriterMsg::Append(events) if state.pending.is_empty() => state.pending = events,
             WriterMsg::Append(events) => state.pending.extend(events),
-            WriterMsg::Flushed { ok } => {
-                state.in_flight = None;
-                if !ok {
-                    state.failed = true;
-                    state.pending.clear();
-                }
-            }
+            WriterMsg::Flushed { ok } => Self::flushed(state, ok),
         }
         Self::flush(&myself, state);
         Ok(())
