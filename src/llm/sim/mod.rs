@@ -204,18 +204,6 @@ const WORDS: [&str; 64] = [
     "quickly",
 ];
 
-fn text_len(content: &[ContentBlock]) -> u64 {
-    content
-        .iter()
-        .map(|b| match b {
-            ContentBlock::Text { text } | ContentBlock::Reasoning { text } => text.len() as u64,
-            ContentBlock::ToolCall { arguments, .. } => arguments.len() as u64,
-            ContentBlock::ToolResult { content, .. } => text_len(content),
-            ContentBlock::Other(_) => 0,
-        })
-        .sum()
-}
-
 /// Assistant tool steps since the last message that is not a tool exchange.
 fn consecutive_tool_steps(request: &LlmRequest) -> u32 {
     let mut n = 0;
@@ -302,15 +290,18 @@ impl SimProvider {
         if let Some(id) = &request.session_id {
             h.bytes(id.as_str().as_bytes());
         }
-        h.u64(request.messages.len() as u64);
-        let mut input_tokens = 0u64;
-        for m in &request.messages {
-            let len = text_len(&m.content);
-            h.u64(m.role as u64);
-            h.u64(m.content.len() as u64);
-            h.u64(len);
-            input_tokens += len / 4 + 4;
+        // The conversation in O(1), whatever its length: its size, its total text (summed by the
+        // history as it grew) and its last message. Hashing every message made a request of turn
+        // 5,000 cost the simulator 80 µs, 44 % of a `dsh sim --agents 1 --turns 5000` run.
+        let messages = &request.messages;
+        h.u64(messages.len() as u64);
+        h.u64(messages.text_bytes());
+        if let Some(last) = messages.last() {
+            h.u64(last.role as u64);
+            h.u64(last.content.len() as u64);
+            h.u64(last.text_bytes());
         }
+        let input_tokens = messages.text_bytes() / 4 + 4 * messages.len() as u64;
         let mut rng = SplitMix64::new(h.0);
         let text_tokens =
             rng.between(u64::from(c.reply_tokens_min), u64::from(c.reply_tokens_max)) as u32;

@@ -53,6 +53,8 @@ impl Drop for Segment {
 pub struct History {
     head: Option<Arc<Segment>>,
     len: usize,
+    /// `Message::text_bytes` summed over the messages below `len`.
+    text_bytes: u64,
 }
 
 impl History {
@@ -64,6 +66,11 @@ impl History {
     /// The number of messages.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// `Message::text_bytes` summed over the messages, kept as they are pushed: O(1).
+    pub fn text_bytes(&self) -> u64 {
+        self.text_bytes
     }
 
     /// Whether there are no messages.
@@ -83,8 +90,12 @@ impl History {
             offset -= seg.slots.len();
             seg = seg.next_or_new();
         }
+        let text_bytes = message.text_bytes();
         match seg.slots[offset].set(message) {
-            Ok(()) => self.len += 1,
+            Ok(()) => {
+                self.len += 1;
+                self.text_bytes += text_bytes;
+            }
             Err(message) => {
                 let mut fresh: History = self.iter().cloned().collect();
                 fresh.push(message);
@@ -290,6 +301,39 @@ mod tests {
         assert_eq!(texts(&forked)[9..], ["m200", "m201"]);
         assert_ne!(live, forked);
         assert_eq!(format!("{:?}", History::new()), "[]");
+    }
+
+    /// Each snapshot's text size is the sum over its own messages: kept through growth, snapshots
+    /// and a fork that copies its chain, and equal to counting afresh.
+    #[test]
+    fn text_bytes_sums_each_snapshots_own_messages() {
+        let counted = |h: &History| h.iter().map(|m| m.text_bytes()).sum::<u64>();
+        let mut live: History = (0..9).map(msg).collect();
+        assert_eq!(live.text_bytes(), 18);
+        let snap = live.clone();
+        live.push(msg(100));
+        assert_eq!((snap.text_bytes(), live.text_bytes()), (18, 22));
+        let mut forked = snap.clone();
+        forked.push(msg(2000));
+        assert_eq!(forked.text_bytes(), 23);
+        for h in [&live, &snap, &forked] {
+            assert_eq!(h.text_bytes(), counted(h));
+        }
+        let call = Message {
+            id: MessageId::mint(),
+            role: crate::llm::types::Role::Assistant,
+            content: vec![
+                crate::llm::types::ContentBlock::Reasoning { text: "ab".into() },
+                crate::llm::types::ContentBlock::ToolCall {
+                    id: "call_1".into(),
+                    name: "read".into(),
+                    arguments: "{}".into(),
+                },
+            ],
+            source: crate::llm::types::MessageSource::model("sim", "sim-1"),
+        };
+        assert_eq!(call.text_bytes(), 4);
+        assert_eq!(History::new().text_bytes(), 0);
     }
 
     /// Snapshots read from another thread while the owner appends.

@@ -86,6 +86,13 @@ impl Message {
         out
     }
 
+    /// The bytes of what the model reads in the message: its text and reasoning, tool-call
+    /// arguments and tool-result content (nested), not its ids or keys. A size for estimates, kept
+    /// summed by `History` so that a request's size costs nothing to know at any length.
+    pub fn text_bytes(&self) -> u64 {
+        content_text_bytes(&self.content)
+    }
+
     /// The message's `tool-call` blocks, in order.
     pub fn tool_calls(&self) -> impl Iterator<Item = ToolCallBlock<'_>> {
         self.content.iter().filter_map(|b| match b {
@@ -101,6 +108,18 @@ impl Message {
             _ => None,
         })
     }
+}
+
+fn content_text_bytes(content: &[ContentBlock]) -> u64 {
+    content
+        .iter()
+        .map(|b| match b {
+            ContentBlock::Text { text } | ContentBlock::Reasoning { text } => text.len() as u64,
+            ContentBlock::ToolCall { arguments, .. } => arguments.len() as u64,
+            ContentBlock::ToolResult { content, .. } => content_text_bytes(content),
+            ContentBlock::Other(_) => 0,
+        })
+        .sum()
 }
 
 /// A borrowed view of one `tool-call` content block.
