@@ -3,13 +3,15 @@
 //! the turn machine, the encoding and the store cost.
 //!
 //! A text turn of the real agent, counted with callgrind (`history --only N --runtime one`, turns
-//! 100–1,000 by difference): 10 mailbox messages (the `followup` and `when_idle` requests, two
-//! `Append`s to the session writer, the two `Durable`s and two `Flushed`s its append tasks send back,
-//! one `Chunks` and one `StreamEnded` from the stream actor), one child actor spawned and stopped
-//! (the LLM stream, linked: its end also reaches the agent as a supervision event) and two append
-//! tasks spawned by the writer. This skeleton does exactly that, with payloads of the same counts
-//! (the writer gets the turn's 7 opening and 25 closing events as `u64`s, the stream's 24 chunks go
-//! in one message) and nothing else: no turn machine, no JSON, no store.
+//! 100–1,000 by difference): 8 mailbox messages (the `followup` and `when_idle` requests, two
+//! `Append`s to the session writer, the two `Durable`s it sends back — the memory store takes an
+//! append at once, so the writer answers from its handler, with no task and no `Flushed` (until
+//! the twelfth session: two append tasks and two `Flushed`s more) — one `Chunks` and one
+//! `StreamEnded` from the stream actor) and one child actor spawned and stopped (the LLM stream,
+//! linked: its end also reaches the agent as a supervision event). This skeleton does exactly
+//! that, with payloads of the same counts (the writer gets the turn's 7 opening and 25 closing
+//! events as `u64`s, the stream's 24 chunks go in one message) and nothing else: no turn machine,
+//! no JSON, no store.
 
 use std::time::Duration;
 
@@ -34,7 +36,6 @@ pub enum ShapeMsg {
 
 enum WriterMsg {
     Append(Vec<u64>),
-    Flushed,
 }
 
 /// The agent's turn, reduced to where it waits.
@@ -151,13 +152,12 @@ impl Actor for ShapeAgent {
     }
 }
 
-/// The session writer: one append task in flight, the rest batched behind it.
+/// The session writer over a store that takes an append at once: it reports each batch durable
+/// from its handler.
 struct ShapeWriter;
 
 struct WriterState {
     agent: ActorRef<ShapeMsg>,
-    pending: Vec<u64>,
-    in_flight: bool,
 }
 
 impl Actor for ShapeWriter {
@@ -170,35 +170,19 @@ impl Actor for ShapeWriter {
         _myself: ActorRef<WriterMsg>,
         agent: ActorRef<ShapeMsg>,
     ) -> Result<WriterState, ActorProcessingErr> {
-        Ok(WriterState {
-            agent,
-            pending: Vec::new(),
-            in_flight: false,
-        })
+        Ok(WriterState { agent })
     }
 
     async fn handle(
         &self,
-        myself: ActorRef<WriterMsg>,
+        _myself: ActorRef<WriterMsg>,
         msg: WriterMsg,
         state: &mut WriterState,
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            WriterMsg::Append(batch) if state.pending.is_empty() => state.pending = batch,
-            WriterMsg::Append(batch) => state.pending.extend(batch),
-            WriterMsg::Flushed => state.in_flight = false,
-        }
-        if !state.in_flight && !state.pending.is_empty() {
-            state.in_flight = true;
-            let batch = std::mem::take(&mut state.pending);
-            let agent = state.agent.clone();
-            tokio::spawn(async move {
-                let through = batch.last().map_or(0, |s| s + 1);
-                drop(batch);
-                let _ = agent.cast(ShapeMsg::Durable(through));
-                let _ = myself.cast(WriterMsg::Flushed);
-            });
-        }
+        let WriterMsg::Append(batch) = msg;
+        let through = batch.last().map_or(0, |s| s + 1);
+        drop(batch);
+        state.agent.cast(ShapeMsg::Durable(through))?;
         Ok(())
     }
 }

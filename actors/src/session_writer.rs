@@ -277,7 +277,9 @@ mod tests {
     use dsh::SessionId;
     use dsh::session::event::TurnStart;
     use dsh::session::store::memory::MemoryStore;
-    use dsh::session::store::{EncodedEvent, SessionStore};
+    use dsh::session::store::{
+        EncodedEvent, Inspection, LoadedSession, SessionStore, SessionSummary, StoreError,
+    };
     use dsh::session::{EventData, EventDraft, Session, SessionHeader};
     use ractor::{Actor, ActorProcessingErr, ActorRef};
     use tokio::sync::mpsc;
@@ -385,5 +387,109 @@ mod tests {
         old.stop(None);
         new.stop(None);
         probe.stop(None);
+    }
+
+    /// Records the tokio task each append finished on, over a memory store that can be made to wait.
+    struct TaskRecording {
+        inner: MemoryStore,
+        tasks: std::sync::Mutex<Vec<Option<tokio::task::Id>>>,
+    }
+
+    #[async_trait::async_trait]
+    impl SessionStore for TaskRecording {
+        fn name(&self) -> &'static str {
+            "task-recording"
+        }
+        async fn create(&self, header: &SessionHeader) -> Result<(), StoreError> {
+            self.inner.create(header).await
+        }
+        async fn append(
+            &self,
+            id: &SessionId,
+            events: Vec<EncodedEvent>,
+        ) -> Result<(), StoreError> {
+            let appended = self.inner.append(id, events).await;
+            if let Ok(mut tasks) = self.tasks.lock() {
+                tasks.push(tokio::task::try_id());
+            }
+            appended
+        }
+        async fn load(&self, id: &SessionId) -> Result<LoadedSession, StoreError> {
+            self.inner.load(id).await
+        }
+        async fn inspect(&self, id: &SessionId) -> Result<Inspection, StoreError> {
+            self.inner.inspect(id).await
+        }
+        async fn list(&self) -> Result<Vec<SessionSummary>, StoreError> {
+            self.inner.list().await
+        }
+        async fn delete(&self, id: &SessionId) -> Result<bool, StoreError> {
+            self.inner.delete(id).await
+        }
+        async fn header(&self, id: &SessionId) -> Result<Option<SessionHeader>, StoreError> {
+            self.inner.header(id).await
+        }
+    }
+
+    /// Three appends one after another, each acknowledged before the next is sent: over a store
+    /// that takes them at once they all run in the writer's own task (no task per append); over
+    /// a store that makes them wait each goes on in a task of its own, and all are durable in
+    /// order either way.
+    #[tokio::test]
+    async fn an_append_the_store_takes_at_once_runs_in_the_writer_and_one_that_waits_in_a_task() {
+        for delay_ms in [0, 1] {
+            let id = SessionId::new("tasks").expect("valid id");
+            let store = Arc::new(TaskRecording {
+                inner: MemoryStore::new(),
+                tasks: std::sync::Mutex::new(Vec::new()),
+            });
+            store.inner.set_append_delay_ms(delay_ms);
+            store
+                .create(&SessionHeader::new(id.clone(), 0))
+                .await
+                .expect("created");
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let (probe, _) = Actor::spawn(None, Probe, tx).await.expect("probe");
+            let fence = Arc::new(WriteFence::default());
+            let args = WriterArgs {
+                store: Arc::clone(&store) as Arc<dyn SessionStore>,
+                id: id.clone(),
+                agent: probe.clone(),
+                fence: Arc::clone(&fence),
+                epoch: fence.epoch(),
+                metrics: Arc::new(Metrics::default()),
+            };
+            let (writer, _) = Actor::spawn(None, SessionWriterActor, args)
+                .await
+                .expect("writer");
+            let mut session = Session::new(id.clone());
+            for turn in 1..=3 {
+                let draft = EventDraft::log(EventData::TurnStart(TurnStart { turn }));
+                let event = session.append(draft, 1).expect("valid").clone();
+                writer
+                    .cast(WriterMsg::Append(vec![EncodedEvent::encode(&event)]))
+                    .expect("cast");
+                assert_eq!(rx.recv().await, Some(Ok(turn)), "delay {delay_ms} ms");
+            }
+            let tasks = store.tasks.lock().expect("not poisoned").clone();
+            assert_eq!(tasks.len(), 3);
+            assert!(tasks.iter().all(Option::is_some), "{tasks:?}");
+            let distinct: std::collections::HashSet<_> = tasks.iter().collect();
+            let want = if delay_ms == 0 { 1 } else { 3 };
+            assert_eq!(distinct.len(), want, "delay {delay_ms} ms: {tasks:?}");
+            // Stored in order (the load then closes the open turn: a fourth event, its repair).
+            let stored = store.load(&id).await.expect("load").events;
+            let starts: Vec<u64> = stored
+                .iter()
+                .filter_map(|e| match &e.data {
+                    EventData::TurnStart(t) => Some(t.turn),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(starts, [1, 2, 3]);
+            assert_eq!(stored.len(), 4);
+            writer.stop(None);
+            probe.stop(None);
+        }
     }
 }
