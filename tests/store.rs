@@ -237,31 +237,95 @@ async fn assert_sessions_reload(dir: &Path, prefix: &str, n_sessions: usize, n_t
     reopened.close().await.unwrap();
 }
 
-/// `checkpoint_after_bytes` is the exact count of event JSON bytes committed since the last
-/// checkpoint at which the next one starts: an append of exactly that many bytes starts one (which
-/// the close waits for), the same append with the bound one byte higher starts none.
+/// `checkpoint_after_bytes` is the exact count of WAL bytes committed since the last checkpoint
+/// at which the next one starts: the frames SQLite wrote, each a page and its header, many times
+/// the events' JSON. An append writing exactly that many WAL bytes starts one (which the close
+/// waits for), the same append with the bound one byte higher starts none. The append's WAL bytes
+/// are measured by a first run with no checkpoint due; a fresh database writes the same frames
+/// every time.
 #[tokio::test]
 async fn a_checkpoint_starts_at_exactly_checkpoint_after_bytes() {
     let id = sid("ck-exact");
     let batch = encode(&TurnWriter::new(id.clone(), 200).turn_batches()[0]);
     let n_bytes: u64 = batch.iter().map(|e| e.json.len() as u64).sum();
-    for (checkpoint_after_bytes, n_checkpoints) in [(n_bytes, 1), (n_bytes + 1, 0)] {
-        let dir = tempfile::tempdir().unwrap();
-        let config = SqliteConfig {
-            checkpoint_after_bytes,
-            ..SqliteConfig::default()
-        };
-        let store = SqliteStore::open(dir.path(), config).expect("open");
-        store.create(&header(&id)).await.unwrap();
-        store.append(&id, batch.clone()).await.unwrap();
-        store.close().await.unwrap();
-        let stats = store.stats();
+    let append_once = |checkpoint_after_bytes: u64| {
+        let (id, batch) = (id.clone(), batch.clone());
+        async move {
+            let dir = tempfile::tempdir().unwrap();
+            let config = SqliteConfig {
+                checkpoint_after_bytes,
+                ..SqliteConfig::default()
+            };
+            let store = SqliteStore::open(dir.path(), config).expect("open");
+            store.create(&header(&id)).await.unwrap();
+            store.append(&id, batch).await.unwrap();
+            store.close().await.unwrap();
+            store.stats()
+        }
+    };
+    let n_wal_bytes = append_once(u64::MAX).await.n_wal_bytes_committed;
+    // Whole frames of 4 KiB pages, and more of them than the events' bytes would fill.
+    assert_eq!(n_wal_bytes % (4096 + 24), 0, "{n_wal_bytes}");
+    assert!(
+        n_wal_bytes > n_bytes,
+        "{n_wal_bytes} WAL bytes for {n_bytes} event bytes"
+    );
+    for (checkpoint_after_bytes, n_checkpoints) in [(n_wal_bytes, 1), (n_wal_bytes + 1, 0)] {
+        let stats = append_once(checkpoint_after_bytes).await;
         assert_eq!(
-            (stats.n_groups, stats.n_bytes_committed, stats.n_checkpoints),
-            (1, n_bytes, n_checkpoints),
+            (
+                stats.n_groups,
+                stats.n_bytes_committed,
+                stats.n_wal_bytes_committed,
+                stats.n_checkpoints
+            ),
+            (1, n_bytes, n_wal_bytes, n_checkpoints),
             "checkpoint_after_bytes {checkpoint_after_bytes}"
         );
     }
+}
+
+/// A lone session's commits each rewrite whole pages (the leaves and interior pages of the events'
+/// B-trees and the database header) for about a kilobyte of events, and the checkpoints count
+/// what the WAL takes: with the bound far above all the events' bytes, checkpoints still run every
+/// bound's worth of WAL, SQLite starts the WAL over after each (so the next commits overwrite the
+/// file instead of growing it), and the `-wal` file never gets far past the bound. Counting the
+/// events' bytes instead, as the writer did until 2026-12-07, started no checkpoint here and let
+/// the file grow with every commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_sessions_commits_checkpoint_by_the_wal_bytes_they_write() {
+    let dir = tempfile::tempdir().unwrap();
+    const BOUND: u64 = 1 << 20;
+    let config = SqliteConfig {
+        checkpoint_after_bytes: BOUND,
+        ..SqliteConfig::default()
+    };
+    let store = SqliteStore::open(dir.path(), config).expect("open");
+    let id = sid("lone-0");
+    store.create(&header(&id)).await.unwrap();
+    let wal_path = dir.path().join(format!("{DB_FILE_NAME}-wal"));
+    let mut writer = TurnWriter::new(id.clone(), 200);
+    let (mut n_turns, mut wal_max) = (0, 0);
+    while store.stats().n_wal_bytes_committed < 6 * BOUND {
+        for batch in writer.turn_batches() {
+            store.append(&id, encode(&batch)).await.unwrap();
+            let wal = std::fs::metadata(&wal_path).map_or(0, |m| m.len());
+            wal_max = wal_max.max(wal);
+        }
+        n_turns += 1;
+    }
+    let stats = store.stats();
+    assert!(stats.n_bytes_committed < BOUND, "{stats:?}");
+    assert!(stats.n_checkpoints >= 3, "{stats:?}");
+    assert!(stats.n_wal_resets >= 2, "{stats:?}");
+    assert_eq!(stats.n_wal_restarts, 0, "{stats:?}");
+    assert!(
+        wal_max < 3 * BOUND,
+        "the -wal file reached {wal_max} bytes: {stats:?}"
+    );
+    store.close().await.unwrap();
+    assert_eq!(store.poisoned(), None);
+    assert_sessions_reload(dir.path(), "lone", 1, n_turns).await;
 }
 
 /// Checkpoints run beside the commits on their own connection: with a checkpoint due after every

@@ -452,6 +452,8 @@ pub(super) struct TurnsPhase {
     pub(super) appends: u64,
     /// Commit groups the store made (sqlite only).
     pub(super) store_groups: Option<u64>,
+    /// WAL bytes those groups wrote (sqlite only).
+    pub(super) store_wal_bytes: Option<u64>,
     /// CPU time the whole process spent during the phase (every thread).
     pub(super) process_cpu: Duration,
     /// Of which the store's writer spent in its blocking jobs (sqlite only).
@@ -476,6 +478,7 @@ async fn run_turns(
 ) -> Result<TurnsPhase, SimError> {
     let appends_before = store.n_appends();
     let groups_before = store.n_groups();
+    let wal_bytes_before = store.wal_bytes();
     let writer_cpu_before = store.writer_cpu_ns();
     let process_cpu_before = process_cpu();
     let turns_before = host.metrics().turns();
@@ -575,6 +578,10 @@ async fn run_turns(
         store_groups: store
             .n_groups()
             .zip(groups_before)
+            .map(|(after, before)| after.saturating_sub(before)),
+        store_wal_bytes: store
+            .wal_bytes()
+            .zip(wal_bytes_before)
             .map(|(after, before)| after.saturating_sub(before)),
         process_cpu,
         store_writer_cpu,

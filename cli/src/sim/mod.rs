@@ -282,6 +282,15 @@ impl SimStore {
         }
     }
 
+    /// WAL bytes the store's commits wrote so far (sqlite only: frames of whole pages, what the
+    /// disk syncs; the PostgreSQL store's WAL is the server's).
+    fn wal_bytes(&self) -> Option<u64> {
+        match self {
+            SimStore::Sqlite(s) => Some(s.stats().n_wal_bytes_committed),
+            SimStore::Memory(_) | SimStore::Postgres(_) => None,
+        }
+    }
+
     /// CPU time the store's writer spent in its blocking jobs so far (sqlite only: the PostgreSQL
     /// store's work is in the server's processes, and the memory store has no writer).
     fn writer_cpu_ns(&self) -> Option<u64> {

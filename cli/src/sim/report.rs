@@ -93,6 +93,11 @@ pub struct SimReport {
     /// `store_groups` / `turns`: the syncs one turn cost (with many agents at once, groups are
     /// shared and this falls below one).
     pub syncs_per_turn: Option<f64>,
+    /// WAL bytes the sqlite store's commit groups wrote during the run: whole pages (each
+    /// modified B-tree page and the database header page) with a 24-byte frame header, what
+    /// every sync must write; a lone agent's text turn writes ~43 KiB (~10 frames) for ~5 KB of
+    /// events.
+    pub store_wal_bytes: Option<u64>,
     /// The time of one sync (a 4 KiB write and `fdatasync` of a scratch file beside the sqlite
     /// store), measured in the same run right after the turns: what a commit group costs at least.
     pub sync_ms: Option<Percentiles>,
@@ -208,6 +213,7 @@ impl SimReport {
                 .store_groups
                 .filter(|_| turns.turns > 0)
                 .map(|g| g as f64 / turns.turns as f64),
+            store_wal_bytes: turns.store_wal_bytes,
             sync_ms: None,
             store_ceiling_ratio: store_ceiling
                 .as_ref()
@@ -335,6 +341,17 @@ impl SimReport {
                     )
                 });
             writeln!(out, "  syncs per turn  {per_turn:>10.2}{sync}")?;
+        }
+        if let Some(wal) = self.store_wal_bytes {
+            writeln!(
+                out,
+                "  WAL per turn    {:>10.1} KiB{}",
+                wal as f64 / 1024.0 / self.turns.max(1) as f64,
+                self.store_groups.map_or_else(String::new, |g| format!(
+                    " ({:.1} KiB a sync)",
+                    wal as f64 / 1024.0 / g.max(1) as f64
+                ))
+            )?;
         }
         let per_turn = |ms: f64| ms * 1000.0 / self.turns.max(1) as f64;
         writeln!(

@@ -118,15 +118,22 @@ pub struct SqliteConfig {
     /// a page cache.
     pub readers_idle_max: usize,
     /// WAL bytes written after which a passive checkpoint starts, on its own connection, beside the
-    /// commits.
-    /// 16 MiB.
+    /// commits. Counted as SQLite writes them: every frame a commit adds to the WAL, a page and its
+    /// 24-byte header (`StoreStats::n_wal_bytes_committed`), which is 1.6 (a 10,000-agent burst)
+    /// to 14 (100,000 ramped agents) times the events' own JSON; a lone agent's text turn writes
+    /// ~43 KiB of WAL for ~5 KB of events. After the checkpoint and its catch-up SQLite writes the
+    /// WAL over from its beginning, so this also bounds the `-wal` file, and a commit then
+    /// overwrites blocks the file already has instead of growing it: an fsync that need not write
+    /// a new size (a lone agent's turn 0.87× as long once it does, BENCHMARKS.md). 64 MiB: with
+    /// 16 MiB the catch-ups, each holding the commits for a few milliseconds, came often enough
+    /// to double the wake-latency p99 at 100,000 ramped agents.
     pub checkpoint_after_bytes: u64,
     /// WAL bytes written after which the writer, between two groups, checkpoints the whole WAL
     /// and truncates it (`wal_checkpoint(TRUNCATE)`), holding the next group back while it runs.
     /// The passive checkpoints beside the commits never let SQLite start the WAL over while
     /// commits keep coming (each ends behind the commits made while it ran), so without this the
     /// `-wal` file grows with everything ever written under sustained load (8.3 GB in a
-    /// 400,000-agent `dsh sim`). 64 MiB.
+    /// 400,000-agent `dsh sim`). Counted as `checkpoint_after_bytes` is. 256 MiB.
     pub wal_restart_after_bytes: u64,
     /// Route every file operation through a wrapping VFS whose `xSync` tests can make fail or wait
     /// (`SqliteStore::faults`). Off in production; needs a build with the `fault-injection` feature
@@ -145,8 +152,8 @@ impl Default for SqliteConfig {
             group_requests_max: 1_024,
             queue_bytes_max: 64 << 20,
             readers_idle_max: 4,
-            checkpoint_after_bytes: 16 << 20,
-            wal_restart_after_bytes: 64 << 20,
+            checkpoint_after_bytes: 64 << 20,
+            wal_restart_after_bytes: 256 << 20,
             fault_injection: false,
             record_io: false,
         }
@@ -169,6 +176,9 @@ pub struct StoreStats {
     pub n_events_committed: u64,
     /// Event JSON bytes in groups that committed.
     pub n_bytes_committed: u64,
+    /// WAL bytes the groups that committed wrote (frames of a page and its header, from SQLite's
+    /// WAL hook; the events' JSON bytes when the hook could not be installed).
+    pub n_wal_bytes_committed: u64,
     /// WAL checkpoints the writer ran.
     pub n_checkpoints: u64,
     /// Times a checkpoint beside the commits synced the database file after copying pages into
@@ -193,6 +203,7 @@ struct Counters {
     n_requests_committed: AtomicU64,
     n_events_committed: AtomicU64,
     n_bytes_committed: AtomicU64,
+    n_wal_bytes_committed: AtomicU64,
     n_checkpoints: AtomicU64,
     n_database_syncs: AtomicU64,
     n_wal_restarts: AtomicU64,
@@ -574,6 +585,7 @@ impl SqliteStore {
             n_requests_committed: c.n_requests_committed.load(Ordering::SeqCst),
             n_events_committed: c.n_events_committed.load(Ordering::SeqCst),
             n_bytes_committed: c.n_bytes_committed.load(Ordering::SeqCst),
+            n_wal_bytes_committed: c.n_wal_bytes_committed.load(Ordering::SeqCst),
             n_checkpoints: c.n_checkpoints.load(Ordering::SeqCst),
             n_database_syncs: c.n_database_syncs.load(Ordering::SeqCst),
             n_wal_restarts: c.n_wal_restarts.load(Ordering::SeqCst),

@@ -107,6 +107,16 @@ pub(super) struct Writer {
     wal_frames: Option<Arc<AtomicU64>>,
     /// `wal_frames` after the group before: fewer after a commit means the WAL started over.
     wal_frames_before: u64,
+    /// Bytes of one WAL frame: a database page and the frame's 24-byte header.
+    frame_bytes: u64,
+}
+
+/// What a commit did to the WAL (`Writer::wal_after_commit`).
+struct WalAdvance {
+    /// SQLite started the WAL over from its beginning at this commit.
+    reset: bool,
+    /// The bytes of the frames the commit wrote.
+    bytes: u64,
 }
 
 impl Writer {
@@ -121,6 +131,10 @@ impl Writer {
         if let Err(e) = &installed {
             debug!(error = %e, "the WAL hook could not be installed; WAL resets go unseen");
         }
+        // SQLite's default page size, should the pragma fail: it only scales the WAL bytes counted.
+        let page_bytes = db
+            .query_row("PRAGMA page_size", [], |r| r.get::<_, u32>(0))
+            .map_or(4096, u64::from);
         Writer {
             db,
             _lock: lock,
@@ -128,22 +142,39 @@ impl Writer {
             wal_bytes_since_restart: 0,
             wal_frames: installed.ok().map(|()| frames),
             wal_frames_before: 0,
+            frame_bytes: page_bytes + WAL_FRAME_HEADER_BYTES,
         }
     }
 
-    /// After a commit: whether the WAL started over at it (it holds fewer frames than after the
-    /// commit before), which SQLite does at the first commit after a checkpoint copied all of it
-    /// when no reader still reads from it. Then the WAL is as short as one group again.
-    fn wal_was_reset(&mut self) -> bool {
+    /// After a commit: the WAL bytes it wrote (the frames it added, or with no WAL hook the
+    /// events' bytes, `event_bytes`), and whether the WAL started over at it (it holds fewer
+    /// frames than after the commit before), which SQLite does at the first commit after a
+    /// checkpoint copied all of it when no reader still reads from it. Then the WAL is as short as
+    /// one group again, and every frame in it is this commit's.
+    fn wal_after_commit(&mut self, event_bytes: u64) -> WalAdvance {
         let Some(frames) = &self.wal_frames else {
-            return false;
+            return WalAdvance {
+                reset: false,
+                bytes: event_bytes,
+            };
         };
         let now = frames.load(Ordering::Relaxed);
         let reset = now < self.wal_frames_before;
+        let added = if reset {
+            now
+        } else {
+            now - self.wal_frames_before
+        };
         self.wal_frames_before = now;
-        reset
+        WalAdvance {
+            reset,
+            bytes: added * self.frame_bytes,
+        }
     }
 }
+
+/// The header SQLite writes before each page in the WAL.
+const WAL_FRAME_HEADER_BYTES: u64 = 24;
 
 /// The writer task: owns the queue; one blocking commit job at a time, and at most one checkpoint
 /// job beside it.
@@ -362,12 +393,15 @@ fn commit_group(shared: &Shared, writer: &mut Writer, group: Vec<Request>) {
                     }
                 }
             }
-            if writer.wal_was_reset() {
+            let wal = writer.wal_after_commit(n_bytes);
+            if wal.reset {
                 c.n_wal_resets.fetch_add(1, Ordering::SeqCst);
                 writer.wal_bytes_since_restart = 0;
             }
-            writer.wal_bytes_since_checkpoint += n_bytes;
-            writer.wal_bytes_since_restart += n_bytes;
+            c.n_wal_bytes_committed
+                .fetch_add(wal.bytes, Ordering::SeqCst);
+            writer.wal_bytes_since_checkpoint += wal.bytes;
+            writer.wal_bytes_since_restart += wal.bytes;
         }
         Err(e) => {
             let cause = format!(
@@ -1054,7 +1088,7 @@ mod tests {
             .await
             .expect("a writer");
         assert!(!checkpointer.catch_up_due);
-        writer.wal_bytes_since_restart = 5_000;
+        writer.wal_bytes_since_restart = 1 << 20;
         commit_events(&shared, &mut writer, "a", 60, 1);
         assert_eq!(resets(&shared), 1);
         let restarted = frames(&writer).expect("frames");
@@ -1062,7 +1096,12 @@ mod tests {
             restarted < after_first,
             "{restarted} frames after the reset"
         );
-        assert!(writer.wal_bytes_since_restart < 5_000);
+        // Counted again from the reset: the few frames of the one commit since.
+        assert!(
+            writer.wal_bytes_since_restart < 1 << 20,
+            "{}",
+            writer.wal_bytes_since_restart
+        );
         assert_eq!(shared.poison.get(), None);
 
         // A truncation empties the WAL too, and is counted as one: the commit after it is no reset.
