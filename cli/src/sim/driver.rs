@@ -557,10 +557,8 @@ async fn run_turns(
     }
     let elapsed = started.elapsed();
     let process_cpu = process_cpu().saturating_sub(process_cpu_before);
-    let store_writer_cpu = store
-        .writer_cpu_ns()
-        .zip(writer_cpu_before)
-        .map(|(after, before)| Duration::from_nanos(after.saturating_sub(before)));
+    let store_writer_cpu =
+        counted_since(store.writer_cpu_ns(), writer_cpu_before).map(Duration::from_nanos);
     mirror_stop.cancel();
     let _ = mirror.await;
     if let Some(e) = first_error {
@@ -575,18 +573,19 @@ async fn run_turns(
             host.metrics().compactions_failed() - compactions_before.1,
         ),
         appends: store.n_appends().saturating_sub(appends_before),
-        store_groups: store
-            .n_groups()
-            .zip(groups_before)
-            .map(|(after, before)| after.saturating_sub(before)),
-        store_wal_bytes: store
-            .wal_bytes()
-            .zip(wal_bytes_before)
-            .map(|(after, before)| after.saturating_sub(before)),
+        store_groups: counted_since(store.n_groups(), groups_before),
+        store_wal_bytes: counted_since(store.wal_bytes(), wal_bytes_before),
         process_cpu,
         store_writer_cpu,
         tally,
     })
+}
+
+/// What a store counter (`None` where the store has none) grew by since `before`.
+fn counted_since(after: Option<u64>, before: Option<u64>) -> Option<u64> {
+    after
+        .zip(before)
+        .map(|(after, before)| after.saturating_sub(before))
 }
 
 /// CPU time the process has used so far, every thread's (`CLOCK_PROCESS_CPUTIME_ID`).
