@@ -319,6 +319,13 @@ async fn a_lone_sessions_commits_checkpoint_by_the_wal_bytes_they_write() {
     assert!(stats.n_checkpoints >= 3, "{stats:?}");
     assert!(stats.n_wal_resets >= 2, "{stats:?}");
     assert_eq!(stats.n_wal_restarts, 0, "{stats:?}");
+    // Each checkpoint that came due ended in one catch-up (after one pass or more), which held
+    // the commits for a while.
+    assert!(
+        stats.n_catch_ups >= 1 && stats.n_catch_ups <= stats.n_checkpoints,
+        "{stats:?}"
+    );
+    assert!(stats.commits_held_ns > 0, "{stats:?}");
     assert!(
         wal_max < 3 * BOUND,
         "the -wal file reached {wal_max} bytes: {stats:?}"

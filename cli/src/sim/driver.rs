@@ -454,6 +454,10 @@ pub(super) struct TurnsPhase {
     pub(super) store_groups: Option<u64>,
     /// WAL bytes those groups wrote (sqlite only).
     pub(super) store_wal_bytes: Option<u64>,
+    /// Catch-ups of the WAL the writer ran between groups (sqlite only).
+    pub(super) store_catch_ups: Option<u64>,
+    /// Wall time the writer held the commits for its catch-ups and WAL restarts (sqlite only).
+    pub(super) store_commits_held: Option<Duration>,
     /// CPU time the whole process spent during the phase (every thread).
     pub(super) process_cpu: Duration,
     /// Of which the store's writer spent in its blocking jobs (sqlite only).
@@ -478,8 +482,14 @@ async fn run_turns(
 ) -> Result<TurnsPhase, SimError> {
     let appends_before = store.n_appends();
     let groups_before = store.n_groups();
-    let wal_bytes_before = store.wal_bytes();
-    let writer_cpu_before = store.writer_cpu_ns();
+    let wal_bytes = |s: &StoreStats| s.n_wal_bytes_committed;
+    let writer_cpu = |s: &StoreStats| s.writer_cpu_ns;
+    let catch_ups = |s: &StoreStats| s.n_catch_ups;
+    let held = |s: &StoreStats| s.commits_held_ns;
+    let wal_bytes_before = store.sqlite_counter(wal_bytes);
+    let writer_cpu_before = store.sqlite_counter(writer_cpu);
+    let catch_ups_before = store.sqlite_counter(catch_ups);
+    let held_before = store.sqlite_counter(held);
     let process_cpu_before = process_cpu();
     let turns_before = host.metrics().turns();
     let events_before = host.metrics().events();
@@ -557,8 +567,8 @@ async fn run_turns(
     }
     let elapsed = started.elapsed();
     let process_cpu = process_cpu().saturating_sub(process_cpu_before);
-    let store_writer_cpu =
-        counted_since(store.writer_cpu_ns(), writer_cpu_before).map(Duration::from_nanos);
+    let store_writer_cpu = counted_since(store.sqlite_counter(writer_cpu), writer_cpu_before)
+        .map(Duration::from_nanos);
     mirror_stop.cancel();
     let _ = mirror.await;
     if let Some(e) = first_error {
@@ -574,7 +584,10 @@ async fn run_turns(
         ),
         appends: store.n_appends().saturating_sub(appends_before),
         store_groups: counted_since(store.n_groups(), groups_before),
-        store_wal_bytes: counted_since(store.wal_bytes(), wal_bytes_before),
+        store_wal_bytes: counted_since(store.sqlite_counter(wal_bytes), wal_bytes_before),
+        store_catch_ups: counted_since(store.sqlite_counter(catch_ups), catch_ups_before),
+        store_commits_held: counted_since(store.sqlite_counter(held), held_before)
+            .map(Duration::from_nanos),
         process_cpu,
         store_writer_cpu,
         tally,

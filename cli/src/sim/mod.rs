@@ -61,7 +61,7 @@ use dsh::llm::types::Message;
 use dsh::session::event::{CancelCause, EventData, SessionHeader};
 use dsh::session::store::memory::MemoryStore;
 use dsh::session::store::postgres::{PostgresConfig, PostgresStore};
-use dsh::session::store::sqlite::{SqliteConfig, SqliteStore};
+use dsh::session::store::sqlite::{SqliteConfig, SqliteStore, StoreStats};
 use dsh::session::store::{EncodedEvent, SessionStore, StoreError};
 use dsh::tools::{ExecutionMode, Tool, ToolArgs, ToolInvocation, ToolOutput, ToolRegistry};
 use dsh::turn::{AgentConfig, LiveEvent};
@@ -282,20 +282,11 @@ impl SimStore {
         }
     }
 
-    /// WAL bytes the store's commits wrote so far (sqlite only: frames of whole pages, what the
-    /// disk syncs; the PostgreSQL store's WAL is the server's).
-    fn wal_bytes(&self) -> Option<u64> {
+    /// A counter of the SQLite store's writer (`StoreStats`) so far; `None` on the other stores:
+    /// the PostgreSQL store's WAL and work are the server's, and the memory store has no writer.
+    fn sqlite_counter(&self, counter: fn(&StoreStats) -> u64) -> Option<u64> {
         match self {
-            SimStore::Sqlite(s) => Some(s.stats().n_wal_bytes_committed),
-            SimStore::Memory(_) | SimStore::Postgres(_) => None,
-        }
-    }
-
-    /// CPU time the store's writer spent in its blocking jobs so far (sqlite only: the PostgreSQL
-    /// store's work is in the server's processes, and the memory store has no writer).
-    fn writer_cpu_ns(&self) -> Option<u64> {
-        match self {
-            SimStore::Sqlite(s) => Some(s.stats().writer_cpu_ns),
+            SimStore::Sqlite(s) => Some(counter(&s.stats())),
             SimStore::Memory(_) | SimStore::Postgres(_) => None,
         }
     }

@@ -98,6 +98,13 @@ pub struct SimReport {
     /// every sync must write; a lone agent's text turn writes ~43 KiB (~10 frames) for ~5 KB of
     /// events.
     pub store_wal_bytes: Option<u64>,
+    /// Catch-ups the sqlite store's writer ran during the run: between two commit groups, with the
+    /// commits waiting, it copies the WAL frames committed while a checkpoint ran beside them, so
+    /// that SQLite can start the WAL over (one per `checkpoint_after_bytes` of WAL, about).
+    pub store_catch_ups: Option<u64>,
+    /// Wall time the sqlite store's writer held the commits for its catch-ups and WAL truncations
+    /// during the run, in all: what those added to the acknowledgements waiting behind them.
+    pub store_commits_held_ms: Option<f64>,
     /// The time of one sync (a 4 KiB write and `fdatasync` of a scratch file beside the sqlite
     /// store), measured in the same run right after the turns: what a commit group costs at least.
     pub sync_ms: Option<Percentiles>,
@@ -214,6 +221,8 @@ impl SimReport {
                 .filter(|_| turns.turns > 0)
                 .map(|g| g as f64 / turns.turns as f64),
             store_wal_bytes: turns.store_wal_bytes,
+            store_catch_ups: turns.store_catch_ups,
+            store_commits_held_ms: turns.store_commits_held.map(|d| d.as_secs_f64() * 1000.0),
             sync_ms: None,
             store_ceiling_ratio: store_ceiling
                 .as_ref()
@@ -351,6 +360,17 @@ impl SimReport {
                     " ({:.1} KiB a sync)",
                     wal as f64 / 1024.0 / g.max(1) as f64
                 ))
+            )?;
+        }
+        if let Some((n, held_ms)) = self.store_catch_ups.zip(self.store_commits_held_ms) {
+            writeln!(
+                out,
+                "  WAL catch-ups   {n:>10} holding the commits {held_ms:.1} ms in all{}",
+                if n > 0 {
+                    format!(" ({:.2} ms each, truncations included)", held_ms / n as f64)
+                } else {
+                    String::new()
+                }
             )?;
         }
         let per_turn = |ms: f64| ms * 1000.0 / self.turns.max(1) as f64;

@@ -189,6 +189,12 @@ pub struct StoreStats {
     /// Times SQLite started the WAL over from its beginning at a commit, without truncating it,
     /// because a checkpoint and its catch-up had copied all of it (no reader still reading it).
     pub n_wal_resets: u64,
+    /// Catch-ups the writer ran between two groups: the frames committed while a checkpoint pass
+    /// ran beside the commits, copied while the commits wait (`checkpoint_after_bytes`).
+    pub n_catch_ups: u64,
+    /// Wall time (nanoseconds) the writer held the commits for its catch-ups and WAL restarts:
+    /// what those add to the acknowledgements that waited behind them.
+    pub commits_held_ns: u64,
     /// CPU time (nanoseconds, its threads' own clocks) the writer spent in its blocking jobs:
     /// commit groups, checkpoints, catch-ups and WAL restarts. The store's own work, apart from
     /// the runtime's and from time waiting for the disk.
@@ -208,6 +214,8 @@ struct Counters {
     n_database_syncs: AtomicU64,
     n_wal_restarts: AtomicU64,
     n_wal_resets: AtomicU64,
+    n_catch_ups: AtomicU64,
+    commits_held_ns: AtomicU64,
     writer_cpu_ns: AtomicU64,
 }
 
@@ -590,6 +598,8 @@ impl SqliteStore {
             n_database_syncs: c.n_database_syncs.load(Ordering::SeqCst),
             n_wal_restarts: c.n_wal_restarts.load(Ordering::SeqCst),
             n_wal_resets: c.n_wal_resets.load(Ordering::SeqCst),
+            n_catch_ups: c.n_catch_ups.load(Ordering::SeqCst),
+            commits_held_ns: c.commits_held_ns.load(Ordering::Relaxed),
             writer_cpu_ns: c.writer_cpu_ns.load(Ordering::Relaxed),
         }
     }

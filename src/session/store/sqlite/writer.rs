@@ -581,6 +581,7 @@ async fn catch_up_if_due(
     }
     checkpointer.catch_up_due = false;
     checkpointer.passes = 0;
+    let held = Instant::now();
     let job_shared = Arc::clone(shared);
     let job = tokio::task::spawn_blocking(move || {
         let started = Instant::now();
@@ -597,13 +598,25 @@ async fn catch_up_if_due(
         }
         writer
     });
-    match job.await {
+    let done = job.await;
+    shared.counters.n_catch_ups.fetch_add(1, Ordering::SeqCst);
+    count_held(shared, held);
+    match done {
         Ok(writer) => Some(writer),
         Err(e) => {
             shared.poison(format!("the WAL catch-up job failed: {e}"));
             None
         }
     }
+}
+
+/// Adds the time since `held` to `StoreStats::commits_held_ns`.
+fn count_held(shared: &Shared, held: Instant) {
+    let ns = u64::try_from(held.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    shared
+        .counters
+        .commits_held_ns
+        .fetch_add(ns, Ordering::Relaxed);
 }
 
 /// Checkpoints the whole WAL and truncates it once `wal_restart_after_bytes` were written since
@@ -621,6 +634,7 @@ async fn restart_wal_if_due(
     {
         return Some(writer);
     }
+    let held = Instant::now();
     checkpointer.finish().await;
     let job_shared = Arc::clone(shared);
     let job = tokio::task::spawn_blocking(move || {
@@ -628,7 +642,9 @@ async fn restart_wal_if_due(
         on_cpu(&job_shared, || restart_wal(&job_shared, &mut writer));
         writer
     });
-    match job.await {
+    let done = job.await;
+    count_held(shared, held);
+    match done {
         Ok(writer) => Some(writer),
         Err(e) => {
             shared.poison(format!("the WAL restart job failed: {e}"));
