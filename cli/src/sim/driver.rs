@@ -482,14 +482,7 @@ async fn run_turns(
 ) -> Result<TurnsPhase, SimError> {
     let appends_before = store.n_appends();
     let groups_before = store.n_groups();
-    let wal_bytes = |s: &StoreStats| s.n_wal_bytes_committed;
-    let writer_cpu = |s: &StoreStats| s.writer_cpu_ns;
-    let catch_ups = |s: &StoreStats| s.n_catch_ups;
-    let held = |s: &StoreStats| s.commits_held_ns;
-    let wal_bytes_before = store.sqlite_counter(wal_bytes);
-    let writer_cpu_before = store.sqlite_counter(writer_cpu);
-    let catch_ups_before = store.sqlite_counter(catch_ups);
-    let held_before = store.sqlite_counter(held);
+    let sqlite_before = store.sqlite_stats();
     let process_cpu_before = process_cpu();
     let turns_before = host.metrics().turns();
     let events_before = host.metrics().events();
@@ -567,8 +560,13 @@ async fn run_turns(
     }
     let elapsed = started.elapsed();
     let process_cpu = process_cpu().saturating_sub(process_cpu_before);
-    let store_writer_cpu = counted_since(store.sqlite_counter(writer_cpu), writer_cpu_before)
-        .map(Duration::from_nanos);
+    let sqlite_after = store.sqlite_stats();
+    let sqlite_grown = |counter: fn(&StoreStats) -> u64| {
+        counted_since(
+            sqlite_after.as_ref().map(counter),
+            sqlite_before.as_ref().map(counter),
+        )
+    };
     mirror_stop.cancel();
     let _ = mirror.await;
     if let Some(e) = first_error {
@@ -584,12 +582,11 @@ async fn run_turns(
         ),
         appends: store.n_appends().saturating_sub(appends_before),
         store_groups: counted_since(store.n_groups(), groups_before),
-        store_wal_bytes: counted_since(store.sqlite_counter(wal_bytes), wal_bytes_before),
-        store_catch_ups: counted_since(store.sqlite_counter(catch_ups), catch_ups_before),
-        store_commits_held: counted_since(store.sqlite_counter(held), held_before)
-            .map(Duration::from_nanos),
+        store_wal_bytes: sqlite_grown(|s| s.n_wal_bytes_committed),
+        store_catch_ups: sqlite_grown(|s| s.n_catch_ups),
+        store_commits_held: sqlite_grown(|s| s.commits_held_ns).map(Duration::from_nanos),
         process_cpu,
-        store_writer_cpu,
+        store_writer_cpu: sqlite_grown(|s| s.writer_cpu_ns).map(Duration::from_nanos),
         tally,
     })
 }

@@ -282,11 +282,11 @@ impl SimStore {
         }
     }
 
-    /// A counter of the SQLite store's writer (`StoreStats`) so far; `None` on the other stores:
-    /// the PostgreSQL store's WAL and work are the server's, and the memory store has no writer.
-    fn sqlite_counter(&self, counter: fn(&StoreStats) -> u64) -> Option<u64> {
+    /// The SQLite store's writer counters so far; `None` on the other stores: the PostgreSQL
+    /// store's WAL and work are the server's, and the memory store has no writer.
+    fn sqlite_stats(&self) -> Option<StoreStats> {
         match self {
-            SimStore::Sqlite(s) => Some(counter(&s.stats())),
+            SimStore::Sqlite(s) => Some(s.stats()),
             SimStore::Memory(_) | SimStore::Postgres(_) => None,
         }
     }
