@@ -335,6 +335,133 @@ async fn a_lone_sessions_commits_checkpoint_by_the_wal_bytes_they_write() {
     assert_sessions_reload(dir.path(), "lone", 1, n_turns).await;
 }
 
+/// Waits until the writer has written the `-wal` file ahead to at least `len` bytes while it had
+/// nothing to commit (`SqliteConfig::wal_prefill_bytes`), and returns the file's length.
+async fn wal_prefilled_to(dir: &Path, store: &SqliteStore, len: u64) -> u64 {
+    let wal_path = dir.join(format!("{DB_FILE_NAME}-wal"));
+    let wal_len = || std::fs::metadata(&wal_path).map_or(0, |m| m.len());
+    for _ in 0..2_000 {
+        if wal_len() >= len {
+            return wal_len();
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!(
+        "the -wal file is {} bytes, not {len}, after 10 s: {:?}",
+        wal_len(),
+        store.stats()
+    );
+}
+
+/// While it has nothing to commit, the writer writes the `-wal` file's blocks ahead of SQLite (so
+/// that commits overwrite blocks instead of growing the file): as far ahead of SQLite's end of
+/// the WAL as SQLite has written to it since the open, less one chunk, in synced chunks of at most
+/// 1 MiB, never past `checkpoint_after_bytes`. The zeros are no frames: a copy of the files taken
+/// with the store open, as a crash would leave them, recovers every event; and the store itself
+/// reloads everything after its close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_writes_the_wals_blocks_ahead_of_sqlite_while_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    const CAP: u64 = 8 << 20;
+    let config = SqliteConfig {
+        checkpoint_after_bytes: CAP,
+        ..SqliteConfig::default()
+    };
+    let store = SqliteStore::open(dir.path(), config).expect("open");
+    let id = sid("ahead-0");
+    store.create(&header(&id)).await.unwrap();
+    let mut writer = TurnWriter::new(id.clone(), 200);
+    let mut n_turns = 0;
+    while store.stats().n_wal_bytes_committed < 2 << 20 {
+        for batch in writer.turn_batches() {
+            store.append(&id, encode(&batch)).await.unwrap();
+        }
+        n_turns += 1;
+    }
+    let written = store.stats().n_wal_bytes_committed;
+    // No checkpoint yet, so SQLite's end of the WAL is past everything it wrote since the open.
+    assert_eq!(store.stats().n_checkpoints, 0);
+    let wal_len = wal_prefilled_to(dir.path(), &store, 2 * written - (1 << 20)).await;
+    let stats = store.stats();
+    assert!(wal_len <= CAP, "{wal_len} {stats:?}");
+    assert!(stats.n_wal_prefill_bytes > 0, "{stats:?}");
+    assert!(
+        stats.n_wal_prefill_bytes <= stats.n_wal_prefill_chunks << 20,
+        "{stats:?}"
+    );
+    assert!(stats.wal_prefill_ns > 0, "{stats:?}");
+
+    // What a crash now would leave: the database, its WAL (frames, then zeros) and no index.
+    let crashed = tempfile::tempdir().unwrap();
+    for suffix in ["", "-wal"] {
+        let name = format!("{DB_FILE_NAME}{suffix}");
+        std::fs::copy(dir.path().join(&name), crashed.path().join(&name)).unwrap();
+    }
+    assert_sessions_reload(crashed.path(), "ahead", 1, n_turns).await;
+
+    // Once SQLite's end plus what it wrote passes the bound, the writer writes ahead to the bound
+    // and no further.
+    while store.stats().n_wal_bytes_committed < 5 << 20 {
+        for batch in writer.turn_batches() {
+            store.append(&id, encode(&batch)).await.unwrap();
+        }
+        n_turns += 1;
+    }
+    assert_eq!(store.stats().n_checkpoints, 0);
+    let full = wal_prefilled_to(dir.path(), &store, CAP).await;
+    let before = store.stats().n_wal_prefill_bytes;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(full, CAP);
+    assert_eq!(store.stats().n_wal_prefill_bytes, before);
+    store.close().await.unwrap();
+    assert_eq!(store.poisoned(), None);
+    assert_sessions_reload(dir.path(), "ahead", 1, n_turns).await;
+}
+
+/// A store that writes little writes little ahead (2 MiB past SQLite's end of the WAL, less what
+/// is short of a whole chunk), and `wal_prefill_bytes: 0` writes nothing ahead at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_writes_little_writes_two_mib_ahead_and_none_when_off() {
+    for prefill in [SqliteConfig::default().wal_prefill_bytes, 0] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = SqliteConfig {
+            wal_prefill_bytes: prefill,
+            ..SqliteConfig::default()
+        };
+        let store = SqliteStore::open(dir.path(), config).expect("open");
+        let id = sid("little-0");
+        store.create(&header(&id)).await.unwrap();
+        let batch = TurnWriter::new(id.clone(), 200).turn_batches().remove(0);
+        store.append(&id, encode(&batch)).await.unwrap();
+        let written = store.stats().n_wal_bytes_committed;
+        if prefill > 0 {
+            wal_prefilled_to(dir.path(), &store, 1 << 20).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let wal_len = std::fs::metadata(dir.path().join(format!("{DB_FILE_NAME}-wal")))
+                .map_or(0, |m| m.len());
+            let stats = store.stats();
+            // Towards 2 MiB past SQLite's end of the WAL (its header, the open's frames and, if
+            // the writer first looked after it, the append's): one or two whole chunks.
+            assert!(
+                wal_len <= (2 << 20) + written + (64 << 10),
+                "{wal_len} {stats:?}"
+            );
+            let chunks = stats.n_wal_prefill_chunks;
+            assert!((1..=2).contains(&chunks), "{stats:?}");
+            assert_eq!(stats.n_wal_prefill_bytes, chunks << 20, "{stats:?}");
+        } else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let stats = store.stats();
+            assert_eq!(stats.n_wal_prefill_bytes, 0, "{stats:?}");
+            assert_eq!(stats.n_wal_prefill_chunks, 0, "{stats:?}");
+            let wal = std::fs::metadata(dir.path().join(format!("{DB_FILE_NAME}-wal")))
+                .map_or(0, |m| m.len());
+            assert!(wal < 1 << 20, "{wal} {stats:?}");
+        }
+        store.close().await.unwrap();
+    }
+}
+
 /// Checkpoints run beside the commits on their own connection: with a checkpoint due after every
 /// group, concurrent writers still lose nothing, the rows reach the database file itself, and a
 /// close waits for the running checkpoint.

@@ -203,6 +203,14 @@ async fn fifty_agents_two_turns_add_up_against_the_store() {
     // a checkpoint waits for, so it holds the commits for none).
     assert_eq!(u(&v, "store_catch_ups"), 0);
     assert_eq!(f(&v, "store_commits_held_ms"), 0.0);
+    // The writer writes the WAL's blocks ahead of SQLite only by about what SQLite wrote to it
+    // since the open (at least 2 MiB past its end), and the chunks took time if there were any.
+    let prefill = u(&v, "store_wal_prefill_bytes");
+    assert!(
+        prefill <= 2 * wal + (3 << 20),
+        "{prefill} bytes ahead of {wal}"
+    );
+    assert_eq!(prefill > 0, f(&v, "store_wal_prefill_ms") > 0.0);
 
     // The store the run kept holds exactly the events the report counted, in valid logs.
     let store_dir = v["store_dir"]
@@ -286,7 +294,9 @@ async fn every_steer_is_acknowledged_and_claimed() {
         v["store_writer_cpu_ms"].is_null()
             && v["store_wal_bytes"].is_null()
             && v["store_catch_ups"].is_null()
-            && v["store_commits_held_ms"].is_null(),
+            && v["store_commits_held_ms"].is_null()
+            && v["store_wal_prefill_bytes"].is_null()
+            && v["store_wal_prefill_ms"].is_null(),
         "the memory store has no writer and no WAL"
     );
     // A steer either joins its turn or, if that turn already ended, starts one of its own.

@@ -458,6 +458,9 @@ pub(super) struct TurnsPhase {
     pub(super) store_catch_ups: Option<u64>,
     /// Wall time the writer held the commits for its catch-ups and WAL restarts (sqlite only).
     pub(super) store_commits_held: Option<Duration>,
+    /// Zeros the writer wrote ahead of SQLite at the `-wal` file's end, and the time their chunks
+    /// took (sqlite only).
+    pub(super) store_wal_prefill: Option<(u64, Duration)>,
     /// CPU time the whole process spent during the phase (every thread).
     pub(super) process_cpu: Duration,
     /// Of which the store's writer spent in its blocking jobs (sqlite only).
@@ -585,6 +588,8 @@ async fn run_turns(
         store_wal_bytes: sqlite_grown(|s| s.n_wal_bytes_committed),
         store_catch_ups: sqlite_grown(|s| s.n_catch_ups),
         store_commits_held: sqlite_grown(|s| s.commits_held_ns).map(Duration::from_nanos),
+        store_wal_prefill: sqlite_grown(|s| s.n_wal_prefill_bytes)
+            .zip(sqlite_grown(|s| s.wal_prefill_ns).map(Duration::from_nanos)),
         process_cpu,
         store_writer_cpu: sqlite_grown(|s| s.writer_cpu_ns).map(Duration::from_nanos),
         tally,

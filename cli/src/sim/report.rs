@@ -105,6 +105,13 @@ pub struct SimReport {
     /// Wall time the sqlite store's writer held the commits for its catch-ups and WAL truncations
     /// during the run, in all: what those added to the acknowledgements waiting behind them.
     pub store_commits_held_ms: Option<f64>,
+    /// Zeros the sqlite store's writer wrote at the `-wal` file's end during the run, ahead of
+    /// SQLite, so that its commits overwrite blocks the file has instead of growing it
+    /// (`SqliteConfig::wal_prefill_bytes`; up to 64 MiB in a store's life, then none).
+    pub store_wal_prefill_bytes: Option<u64>,
+    /// The time those chunks' writes and syncs took, in all. The writer runs them only with
+    /// nothing to commit; a commit that arrives meanwhile waits for the chunk.
+    pub store_wal_prefill_ms: Option<f64>,
     /// The time of one sync (a 4 KiB write and `fdatasync` of a scratch file beside the sqlite
     /// store), measured in the same run right after the turns: what a commit group costs at least.
     pub sync_ms: Option<Percentiles>,
@@ -223,6 +230,10 @@ impl SimReport {
             store_wal_bytes: turns.store_wal_bytes,
             store_catch_ups: turns.store_catch_ups,
             store_commits_held_ms: turns.store_commits_held.map(|d| d.as_secs_f64() * 1000.0),
+            store_wal_prefill_bytes: turns.store_wal_prefill.map(|(bytes, _)| bytes),
+            store_wal_prefill_ms: turns
+                .store_wal_prefill
+                .map(|(_, took)| took.as_secs_f64() * 1000.0),
             sync_ms: None,
             store_ceiling_ratio: store_ceiling
                 .as_ref()
@@ -371,6 +382,13 @@ impl SimReport {
                 } else {
                     String::new()
                 }
+            )?;
+        }
+        if let Some((bytes, ms)) = self.store_wal_prefill_bytes.zip(self.store_wal_prefill_ms) {
+            writeln!(
+                out,
+                "  WAL prefill     {:>10.1} MiB written ahead of SQLite in {ms:.1} ms",
+                bytes as f64 / f64::from(1u32 << 20)
             )?;
         }
         let per_turn = |ms: f64| ms * 1000.0 / self.turns.max(1) as f64;

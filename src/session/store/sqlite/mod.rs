@@ -135,6 +135,24 @@ pub struct SqliteConfig {
     /// `-wal` file grows with everything ever written under sustained load (8.3 GB in a
     /// 400,000-agent `dsh sim`). Counted as `checkpoint_after_bytes` is. 256 MiB.
     pub wal_restart_after_bytes: u64,
+    /// How long the writer makes the `-wal` file, at most, by writing its blocks (zeros) ahead of
+    /// SQLite while it has nothing to commit, so that a commit overwrites blocks the file already
+    /// has. An `fdatasync` after an append must also journal the file's new size and blocks: here
+    /// it took 175–184 µs p50 against 71–96 µs for an overwrite (4 KiB, ext4), and `fallocate`
+    /// does not help (its unwritten extents are converted at the write, 143–186 µs). SQLite
+    /// appends to the WAL until a checkpoint lets it start over, so without this a fresh store's
+    /// commits cost about twice what they cost once the WAL has been around once (a lone agent's
+    /// SQLite commit 342 µs p50 before its first WAL reset, 188 µs after; BENCHMARKS.md). The
+    /// writer keeps the file ahead of SQLite's end of the WAL by as many bytes as SQLite has
+    /// written to it since the open (at least 2 MiB), in 1 MiB chunks, each synced, once a whole
+    /// chunk is due; so a short-lived store writes 1–2 MiB of zeros, not this much, and a commit
+    /// that arrives meanwhile waits for at most one chunk. The zeros are no WAL frames: SQLite's
+    /// recovery stops at the first frame whose checksum fails, as it does at the stale frames of
+    /// a WAL it started over.
+    /// Never past `checkpoint_after_bytes`: after a checkpoint SQLite starts the WAL over and
+    /// reuses the blocks it wrote itself. 64 MiB (so `checkpoint_after_bytes` bounds it); 0 turns
+    /// it off.
+    pub wal_prefill_bytes: u64,
     /// Route every file operation through a wrapping VFS whose `xSync` tests can make fail or wait
     /// (`SqliteStore::faults`). Off in production; needs a build with the `fault-injection` feature
     /// (`open` refuses it otherwise).
@@ -154,6 +172,7 @@ impl Default for SqliteConfig {
             readers_idle_max: 4,
             checkpoint_after_bytes: 64 << 20,
             wal_restart_after_bytes: 256 << 20,
+            wal_prefill_bytes: 64 << 20,
             fault_injection: false,
             record_io: false,
         }
@@ -195,9 +214,17 @@ pub struct StoreStats {
     /// Wall time (nanoseconds) the writer held the commits for its catch-ups and WAL restarts:
     /// what those add to the acknowledgements that waited behind them.
     pub commits_held_ns: u64,
+    /// Bytes (zeros) the writer wrote at the `-wal` file's end ahead of SQLite
+    /// (`wal_prefill_bytes`), in chunks of at most 1 MiB, each synced.
+    pub n_wal_prefill_bytes: u64,
+    /// Chunks of `n_wal_prefill_bytes` written and synced.
+    pub n_wal_prefill_chunks: u64,
+    /// Wall time (nanoseconds) of those chunks' writes and syncs. The writer runs them only
+    /// with nothing queued; a request that arrives meanwhile waits for the chunk to finish.
+    pub wal_prefill_ns: u64,
     /// CPU time (nanoseconds, its threads' own clocks) the writer spent in its blocking jobs:
-    /// commit groups, checkpoints, catch-ups and WAL restarts. The store's own work, apart from
-    /// the runtime's and from time waiting for the disk.
+    /// commit groups, checkpoints, catch-ups, WAL restarts and prefill chunks. The store's own
+    /// work, apart from the runtime's and from time waiting for the disk.
     pub writer_cpu_ns: u64,
 }
 
@@ -216,6 +243,9 @@ struct Counters {
     n_wal_resets: AtomicU64,
     n_catch_ups: AtomicU64,
     commits_held_ns: AtomicU64,
+    n_wal_prefill_bytes: AtomicU64,
+    n_wal_prefill_chunks: AtomicU64,
+    wal_prefill_ns: AtomicU64,
     writer_cpu_ns: AtomicU64,
 }
 
@@ -600,6 +630,9 @@ impl SqliteStore {
             n_wal_resets: c.n_wal_resets.load(Ordering::SeqCst),
             n_catch_ups: c.n_catch_ups.load(Ordering::SeqCst),
             commits_held_ns: c.commits_held_ns.load(Ordering::Relaxed),
+            n_wal_prefill_bytes: c.n_wal_prefill_bytes.load(Ordering::SeqCst),
+            n_wal_prefill_chunks: c.n_wal_prefill_chunks.load(Ordering::SeqCst),
+            wal_prefill_ns: c.wal_prefill_ns.load(Ordering::Relaxed),
             writer_cpu_ns: c.writer_cpu_ns.load(Ordering::Relaxed),
         }
     }

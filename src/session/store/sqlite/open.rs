@@ -4,7 +4,7 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use rusqlite::config::DbConfig;
@@ -94,14 +94,17 @@ pub(super) enum ReadOnlyMode {
     Immutable,
 }
 
+/// The file SQLite keeps beside the database `db_path` under `suffix` (`-wal`, `-shm`).
+pub(super) fn beside(db_path: &Path, suffix: &str) -> PathBuf {
+    let mut name = db_path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
 impl ReadOnlyMode {
     /// Chooses the mode for `db_path` from the files beside it now.
     pub(super) fn probe(db_path: &Path) -> ReadOnlyMode {
-        let beside = |suffix: &str| {
-            let mut name = db_path.as_os_str().to_owned();
-            name.push(suffix);
-            Path::new(&name).exists()
-        };
+        let beside = |suffix: &str| beside(db_path, suffix).exists();
         match (beside("-wal"), beside("-shm")) {
             (true, true) => ReadOnlyMode::Wal,
             (true, false) => ReadOnlyMode::WalWithoutIndex,

@@ -22,6 +22,11 @@
 //! agents). Should the WAL never start over (a reader still reading an old snapshot every time),
 //! every `wal_restart_after_bytes` the writer checkpoints the whole WAL and truncates it between
 //! two groups (`restart_wal_if_due`); either way the `-wal` file is bounded under sustained load.
+//! While nothing is queued, the writer writes the `-wal` file's blocks (zeros, 1 MiB a chunk, each
+//! synced) ahead of SQLite's end of the WAL, up to `checkpoint_after_bytes`
+//! (`SqliteConfig::wal_prefill_bytes`, `prefill_wal`): a commit's fsync then overwrites blocks the
+//! file has instead of also journalling its new size, which cost a fresh store's commits about
+//! twice as much until the WAL had been started over once.
 //! Running the commits under `spawn_blocking` rather than on a thread of our own keeps tokio's
 //! paused test clock from jumping while an fsync runs (STYLE §5, tokio#5115); the job never waits
 //! for the queue, so the clock never waits for it either.
@@ -33,7 +38,8 @@
 //! close is answered.
 
 use std::ffi::c_int;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -41,7 +47,7 @@ use std::time::Instant;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ToSql, TransactionBehavior, params};
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::{Db, Shared, Slot, describe};
 use crate::ids::SessionId;
@@ -109,6 +115,11 @@ pub(super) struct Writer {
     wal_frames_before: u64,
     /// Bytes of one WAL frame: a database page and the frame's 24-byte header.
     frame_bytes: u64,
+    /// The `-wal` file's length when the writer last looked, once it wrote blocks ahead of SQLite
+    /// there or found them written (`prefill_wal`); 0 after a truncation.
+    wal_filled: u64,
+    /// A prefill chunk could not be written (the disk full, say): the writer writes no more.
+    prefill_off: bool,
 }
 
 /// What a commit did to the WAL (`Writer::wal_after_commit`).
@@ -143,7 +154,42 @@ impl Writer {
             wal_frames: installed.ok().map(|()| frames),
             wal_frames_before: 0,
             frame_bytes: page_bytes + WAL_FRAME_HEADER_BYTES,
+            wal_filled: 0,
+            prefill_off: false,
         }
+    }
+
+    /// The `-wal` file length to write ahead to now (`SqliteConfig::wal_prefill_bytes`): SQLite's
+    /// end of the WAL plus as many bytes as it wrote to the WAL since the open (at least
+    /// `PREFILL_AHEAD_MIN_BYTES`), at most `wal_prefill_bytes` and `checkpoint_after_bytes`
+    /// (past which SQLite starts the WAL over and reuses the blocks it wrote itself). So a store
+    /// that writes little writes little ahead, and one that writes fast gets its WAL's blocks
+    /// ahead of its commits. Only once that is a whole chunk past what the file had when the
+    /// writer last looked, or it is the bound: each chunk is a sync, which a commit arriving
+    /// meanwhile waits for (one per commit, as the writer first did, took more time from the
+    /// commits than it saved them). `None` without the WAL hook (SQLite's end unknown), once
+    /// poisoned, or after a chunk failed.
+    fn prefill_wanted(&self, shared: &Shared) -> Option<u64> {
+        if self.prefill_off || shared.poison.get().is_some() {
+            return None;
+        }
+        let frames = self.wal_frames.as_ref()?.load(Ordering::Relaxed);
+        let end = WAL_HEADER_BYTES.saturating_add(frames.saturating_mul(self.frame_bytes));
+        let written = shared
+            .counters
+            .n_wal_bytes_committed
+            .load(Ordering::Relaxed);
+        let wanted = end
+            .saturating_add(written.max(PREFILL_AHEAD_MIN_BYTES))
+            .min(shared.config.wal_prefill_bytes)
+            .min(shared.config.checkpoint_after_bytes);
+        let bound = shared
+            .config
+            .wal_prefill_bytes
+            .min(shared.config.checkpoint_after_bytes);
+        let due = wanted >= self.wal_filled.saturating_add(PREFILL_CHUNK_BYTES)
+            || (wanted == bound && wanted > self.wal_filled);
+        due.then_some(wanted)
     }
 
     /// After a commit: the WAL bytes it wrote (the frames it added, or with no WAL hook the
@@ -176,6 +222,17 @@ impl Writer {
 /// The header SQLite writes before each page in the WAL.
 const WAL_FRAME_HEADER_BYTES: u64 = 24;
 
+/// The header SQLite writes at the start of the WAL.
+const WAL_HEADER_BYTES: u64 = 32;
+
+/// The most zeros one prefill chunk writes (and syncs) while the writer has nothing to commit: a
+/// request that arrives meanwhile waits for it, 1–6 ms here.
+const PREFILL_CHUNK_BYTES: u64 = 1 << 20;
+
+/// The writer keeps at least this much of the `-wal` file written ahead of SQLite's end of it,
+/// less one chunk.
+const PREFILL_AHEAD_MIN_BYTES: u64 = 2 << 20;
+
 /// The writer task: owns the queue; one blocking commit job at a time, and at most one checkpoint
 /// job beside it.
 pub(super) async fn run_writer(
@@ -190,6 +247,13 @@ pub(super) async fn run_writer(
     let mut carried: Vec<Request> = Vec::new();
     loop {
         let mut group = if carried.is_empty() {
+            if rx.is_empty()
+                && let Some(wanted) = writer.as_ref().and_then(|w| w.prefill_wanted(&shared))
+                && let Some(w) = writer.take()
+            {
+                writer = prefill_job(&shared, w, wanted).await;
+                continue;
+            }
             let Some(first) = rx.recv().await else {
                 break;
             };
@@ -610,6 +674,87 @@ async fn catch_up_if_due(
     }
 }
 
+/// Runs one prefill chunk (`prefill_wal`) on the blocking pool, with nothing queued. `None` if
+/// the blocking job itself failed (the store is poisoned).
+async fn prefill_job(shared: &Arc<Shared>, writer: Writer, wanted: u64) -> Option<Writer> {
+    let job_shared = Arc::clone(shared);
+    let job = tokio::task::spawn_blocking(move || {
+        let mut writer = writer;
+        on_cpu(&job_shared, || {
+            prefill_wal(&job_shared, &mut writer, wanted)
+        });
+        writer
+    });
+    match job.await {
+        Ok(writer) => Some(writer),
+        Err(e) => {
+            shared.poison(format!("the WAL prefill job failed: {e}"));
+            None
+        }
+    }
+}
+
+/// Writes zeros at the `-wal` file's end, towards `wanted` bytes and at most
+/// `PREFILL_CHUNK_BYTES`, and syncs them, so that SQLite's commits overwrite blocks the file has
+/// (`SqliteConfig::wal_prefill_bytes`). Only ever past the file's current length, which is at
+/// least SQLite's end of the WAL, and only between two commit jobs: nothing SQLite wrote is
+/// touched. A write that fails (the disk full) is cut back off and ends the prefilling; a sync
+/// that fails poisons, as any sync's failure does (after it the kernel may have dropped dirty
+/// pages, and SQLite's next sync of the file would report it too).
+fn prefill_wal(shared: &Shared, writer: &mut Writer, wanted: u64) {
+    let started = Instant::now();
+    let path = super::open::beside(&shared.db_path, "-wal");
+    let file = match OpenOptions::new().write(true).open(&path) {
+        Ok(file) => file,
+        Err(e) => {
+            debug!(error = %e, "the WAL cannot be opened for its prefill; none is written");
+            writer.prefill_off = true;
+            return;
+        }
+    };
+    let len = match file.metadata() {
+        Ok(meta) => meta.len(),
+        Err(e) => {
+            debug!(error = %e, "the WAL's length is unknown; no prefill is written");
+            writer.prefill_off = true;
+            return;
+        }
+    };
+    if len >= wanted {
+        writer.wal_filled = len;
+        return;
+    }
+    let n = (wanted - len).min(PREFILL_CHUNK_BYTES);
+    // `n` is at most PREFILL_CHUNK_BYTES (1 MiB), so it fits any usize.
+    let zeros = vec![0u8; usize::try_from(n).unwrap_or(1 << 20)];
+    if let Err(e) = file.write_all_at(&zeros, len) {
+        let cut = file.set_len(len);
+        warn!(
+            error = %e,
+            cut_back = cut.is_ok(),
+            "writing the WAL's prefill failed; no more is written"
+        );
+        writer.prefill_off = true;
+        return;
+    }
+    if let Err(e) = file.sync_data() {
+        shared.poison(format!("syncing the WAL's prefill failed: {e}"));
+        return;
+    }
+    writer.wal_filled = len + n;
+    let c = &shared.counters;
+    c.n_wal_prefill_bytes.fetch_add(n, Ordering::SeqCst);
+    c.n_wal_prefill_chunks.fetch_add(1, Ordering::SeqCst);
+    let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    c.wal_prefill_ns.fetch_add(ns, Ordering::Relaxed);
+    debug!(
+        from = len,
+        bytes = n,
+        prefill_us = started.elapsed().as_micros() as u64,
+        "wal prefilled"
+    );
+}
+
 /// Adds the time since `held` to `StoreStats::commits_held_ns`.
 fn count_held(shared: &Shared, held: Instant) {
     let ns = u64::try_from(held.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -679,6 +824,8 @@ fn restart_wal(shared: &Shared, writer: &mut Writer) {
                 writer.wal_bytes_since_checkpoint = 0;
                 // The WAL is empty: the next commit's frames are no reset of SQLite's.
                 writer.wal_frames_before = 0;
+                // And the file too: its blocks are written ahead again.
+                writer.wal_filled = 0;
             } else {
                 writer.wal_bytes_since_restart = shared
                     .config
