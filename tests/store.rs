@@ -296,24 +296,16 @@ async fn a_checkpoint_starts_at_exactly_checkpoint_after_bytes() {
 async fn a_lone_sessions_commits_checkpoint_by_the_wal_bytes_they_write() {
     let dir = tempfile::tempdir().unwrap();
     const BOUND: u64 = 1 << 20;
-    let config = SqliteConfig {
-        checkpoint_after_bytes: BOUND,
-        ..SqliteConfig::default()
-    };
-    let store = SqliteStore::open(dir.path(), config).expect("open");
     let id = sid("lone-0");
-    store.create(&header(&id)).await.unwrap();
+    let store = open_one_session(dir.path(), BOUND, &id).await;
     let wal_path = dir.path().join(format!("{DB_FILE_NAME}-wal"));
     let mut writer = TurnWriter::new(id.clone(), 200);
-    let (mut n_turns, mut wal_max) = (0, 0);
-    while store.stats().n_wal_bytes_committed < 6 * BOUND {
-        for batch in writer.turn_batches() {
-            store.append(&id, encode(&batch)).await.unwrap();
-            let wal = std::fs::metadata(&wal_path).map_or(0, |m| m.len());
-            wal_max = wal_max.max(wal);
-        }
-        n_turns += 1;
-    }
+    let mut wal_max = 0;
+    let n_turns = append_turns_until_wal(&store, &mut writer, 6 * BOUND, || {
+        let wal = std::fs::metadata(&wal_path).map_or(0, |m| m.len());
+        wal_max = wal_max.max(wal);
+    })
+    .await;
     let stats = store.stats();
     assert!(stats.n_bytes_committed < BOUND, "{stats:?}");
     assert!(stats.n_checkpoints >= 3, "{stats:?}");
@@ -333,6 +325,38 @@ async fn a_lone_sessions_commits_checkpoint_by_the_wal_bytes_they_write() {
     store.close().await.unwrap();
     assert_eq!(store.poisoned(), None);
     assert_sessions_reload(dir.path(), "lone", 1, n_turns).await;
+}
+
+/// A fresh store in `dir` whose checkpoints come every `checkpoint_after_bytes` of WAL, holding
+/// the one session `id`, created.
+async fn open_one_session(dir: &Path, checkpoint_after_bytes: u64, id: &SessionId) -> SqliteStore {
+    let config = SqliteConfig {
+        checkpoint_after_bytes,
+        ..SqliteConfig::default()
+    };
+    let store = SqliteStore::open(dir, config).expect("open");
+    store.create(&header(id)).await.unwrap();
+    store
+}
+
+/// Appends `writer`'s turns to its session until the store has committed `wal_bytes` of WAL in
+/// all, calling `each` after every batch; the turns written.
+async fn append_turns_until_wal(
+    store: &SqliteStore,
+    writer: &mut TurnWriter,
+    wal_bytes: u64,
+    mut each: impl FnMut(),
+) -> usize {
+    let id = writer.id().clone();
+    let mut n_turns = 0;
+    while store.stats().n_wal_bytes_committed < wal_bytes {
+        for batch in writer.turn_batches() {
+            store.append(&id, encode(&batch)).await.unwrap();
+            each();
+        }
+        n_turns += 1;
+    }
+    n_turns
 }
 
 /// Waits until the writer has written the `-wal` file ahead to at least `len` bytes while it had
@@ -363,21 +387,10 @@ async fn wal_prefilled_to(dir: &Path, store: &SqliteStore, len: u64) -> u64 {
 async fn the_writer_writes_the_wals_blocks_ahead_of_sqlite_while_idle() {
     let dir = tempfile::tempdir().unwrap();
     const CAP: u64 = 8 << 20;
-    let config = SqliteConfig {
-        checkpoint_after_bytes: CAP,
-        ..SqliteConfig::default()
-    };
-    let store = SqliteStore::open(dir.path(), config).expect("open");
     let id = sid("ahead-0");
-    store.create(&header(&id)).await.unwrap();
+    let store = open_one_session(dir.path(), CAP, &id).await;
     let mut writer = TurnWriter::new(id.clone(), 200);
-    let mut n_turns = 0;
-    while store.stats().n_wal_bytes_committed < 2 << 20 {
-        for batch in writer.turn_batches() {
-            store.append(&id, encode(&batch)).await.unwrap();
-        }
-        n_turns += 1;
-    }
+    let mut n_turns = append_turns_until_wal(&store, &mut writer, 2 << 20, || {}).await;
     let written = store.stats().n_wal_bytes_committed;
     // No checkpoint yet, so SQLite's end of the WAL is past everything it wrote since the open.
     assert_eq!(store.stats().n_checkpoints, 0);
@@ -401,12 +414,7 @@ async fn the_writer_writes_the_wals_blocks_ahead_of_sqlite_while_idle() {
 
     // Once SQLite's end plus what it wrote passes the bound, the writer writes ahead to the bound
     // and no further.
-    while store.stats().n_wal_bytes_committed < 5 << 20 {
-        for batch in writer.turn_batches() {
-            store.append(&id, encode(&batch)).await.unwrap();
-        }
-        n_turns += 1;
-    }
+    n_turns += append_turns_until_wal(&store, &mut writer, 5 << 20, || {}).await;
     assert_eq!(store.stats().n_checkpoints, 0);
     let full = wal_prefilled_to(dir.path(), &store, CAP).await;
     let before = store.stats().n_wal_prefill_bytes;

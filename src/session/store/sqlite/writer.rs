@@ -226,7 +226,7 @@ const WAL_FRAME_HEADER_BYTES: u64 = 24;
 const WAL_HEADER_BYTES: u64 = 32;
 
 /// The most zeros one prefill chunk writes (and syncs) while the writer has nothing to commit: a
-/// request that arrives meanwhile waits for it, 1–6 ms here.
+/// request that arrives meanwhile waits for it, about 1 ms here (64 chunks in 73–89 ms).
 const PREFILL_CHUNK_BYTES: u64 = 1 << 20;
 
 /// The writer keeps at least this much of the `-wal` file written ahead of SQLite's end of it,
