@@ -179,14 +179,13 @@ impl Writer {
             .counters
             .n_wal_bytes_committed
             .load(Ordering::Relaxed);
-        let wanted = end
-            .saturating_add(written.max(PREFILL_AHEAD_MIN_BYTES))
-            .min(shared.config.wal_prefill_bytes)
-            .min(shared.config.checkpoint_after_bytes);
         let bound = shared
             .config
             .wal_prefill_bytes
             .min(shared.config.checkpoint_after_bytes);
+        let wanted = end
+            .saturating_add(written.max(PREFILL_AHEAD_MIN_BYTES))
+            .min(bound);
         let due = wanted >= self.wal_filled.saturating_add(PREFILL_CHUNK_BYTES)
             || (wanted == bound && wanted > self.wal_filled);
         due.then_some(wanted)
@@ -251,7 +250,10 @@ pub(super) async fn run_writer(
                 && let Some(wanted) = writer.as_ref().and_then(|w| w.prefill_wanted(&shared))
                 && let Some(w) = writer.take()
             {
-                writer = prefill_job(&shared, w, wanted).await;
+                writer = writer_job(&shared, w, "WAL prefill", move |shared, writer| {
+                    prefill_wal(shared, writer, wanted);
+                })
+                .await;
                 continue;
             }
             let Some(first) = rx.recv().await else {
@@ -646,11 +648,9 @@ async fn catch_up_if_due(
     checkpointer.catch_up_due = false;
     checkpointer.passes = 0;
     let held = Instant::now();
-    let job_shared = Arc::clone(shared);
-    let job = tokio::task::spawn_blocking(move || {
+    let done = writer_job(shared, writer, "WAL catch-up", |shared, writer| {
         let started = Instant::now();
-        let result = on_cpu(&job_shared, || wal_checkpoint(&writer.db, "PASSIVE"));
-        match result {
+        match wal_checkpoint(&writer.db, "PASSIVE") {
             Ok((busy, n_wal_frames, n_checkpointed)) => debug!(
                 busy,
                 n_wal_frames,
@@ -658,37 +658,34 @@ async fn catch_up_if_due(
                 catch_up_us = started.elapsed().as_micros() as u64,
                 "wal caught up"
             ),
-            Err(e) => job_shared.poison(format!("wal catch-up failed: {}", describe(&e))),
+            Err(e) => shared.poison(format!("wal catch-up failed: {}", describe(&e))),
         }
-        writer
-    });
-    let done = job.await;
+    })
+    .await;
     shared.counters.n_catch_ups.fetch_add(1, Ordering::SeqCst);
-    count_held(shared, held);
-    match done {
-        Ok(writer) => Some(writer),
-        Err(e) => {
-            shared.poison(format!("the WAL catch-up job failed: {e}"));
-            None
-        }
-    }
+    add_elapsed(&shared.counters.commits_held_ns, held);
+    done
 }
 
-/// Runs one prefill chunk (`prefill_wal`) on the blocking pool, with nothing queued. `None` if
-/// the blocking job itself failed (the store is poisoned).
-async fn prefill_job(shared: &Arc<Shared>, writer: Writer, wanted: u64) -> Option<Writer> {
+/// Runs `work` on the writer's state as one blocking job of the writer (`on_cpu`), between two
+/// groups. `None` if the job itself failed (it panicked): the store is then poisoned, naming
+/// `what`.
+async fn writer_job(
+    shared: &Arc<Shared>,
+    writer: Writer,
+    what: &'static str,
+    work: impl FnOnce(&Shared, &mut Writer) + Send + 'static,
+) -> Option<Writer> {
     let job_shared = Arc::clone(shared);
     let job = tokio::task::spawn_blocking(move || {
         let mut writer = writer;
-        on_cpu(&job_shared, || {
-            prefill_wal(&job_shared, &mut writer, wanted)
-        });
+        on_cpu(&job_shared, || work(&job_shared, &mut writer));
         writer
     });
     match job.await {
         Ok(writer) => Some(writer),
         Err(e) => {
-            shared.poison(format!("the WAL prefill job failed: {e}"));
+            shared.poison(format!("the {what} job failed: {e}"));
             None
         }
     }
@@ -745,23 +742,21 @@ fn prefill_wal(shared: &Shared, writer: &mut Writer, wanted: u64) {
     let c = &shared.counters;
     c.n_wal_prefill_bytes.fetch_add(n, Ordering::SeqCst);
     c.n_wal_prefill_chunks.fetch_add(1, Ordering::SeqCst);
-    let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    c.wal_prefill_ns.fetch_add(ns, Ordering::Relaxed);
+    let took = add_elapsed(&c.wal_prefill_ns, started);
     debug!(
         from = len,
         bytes = n,
-        prefill_us = started.elapsed().as_micros() as u64,
+        prefill_us = took.as_micros() as u64,
         "wal prefilled"
     );
 }
 
-/// Adds the time since `held` to `StoreStats::commits_held_ns`.
-fn count_held(shared: &Shared, held: Instant) {
-    let ns = u64::try_from(held.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    shared
-        .counters
-        .commits_held_ns
-        .fetch_add(ns, Ordering::Relaxed);
+/// Adds the time since `since` to the nanoseconds in `counter`, and returns it.
+fn add_elapsed(counter: &AtomicU64, since: Instant) -> std::time::Duration {
+    let took = since.elapsed();
+    let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+    counter.fetch_add(ns, Ordering::Relaxed);
+    took
 }
 
 /// Checkpoints the whole WAL and truncates it once `wal_restart_after_bytes` were written since
@@ -781,21 +776,9 @@ async fn restart_wal_if_due(
     }
     let held = Instant::now();
     checkpointer.finish().await;
-    let job_shared = Arc::clone(shared);
-    let job = tokio::task::spawn_blocking(move || {
-        let mut writer = writer;
-        on_cpu(&job_shared, || restart_wal(&job_shared, &mut writer));
-        writer
-    });
-    let done = job.await;
-    count_held(shared, held);
-    match done {
-        Ok(writer) => Some(writer),
-        Err(e) => {
-            shared.poison(format!("the WAL restart job failed: {e}"));
-            None
-        }
-    }
+    let done = writer_job(shared, writer, "WAL restart", restart_wal).await;
+    add_elapsed(&shared.counters.commits_held_ns, held);
+    done
 }
 
 /// `wal_checkpoint(TRUNCATE)` on the writer's connection, with no commit and no other checkpoint
