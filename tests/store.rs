@@ -493,7 +493,9 @@ async fn checkpoints_beside_the_commits_lose_nothing() {
 
 /// Under commits that never pause, a passive checkpoint alone never lets SQLite start the WAL over
 /// (each ends behind the commits made while it ran): its catch-up between two groups does (a
-/// reset), and where none happened the writer truncates the WAL every `wal_restart_after_bytes`.
+/// reset, at the next commit, which a truncation due meanwhile waits for: CI once saw every
+/// catch-up followed by a truncation and no reset), and where none happened the writer truncates
+/// the WAL every `wal_restart_after_bytes`.
 /// The WAL starts over once per bound's worth of bytes at least, the `-wal` file stays near the
 /// bound while many times the bound is written, and nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -517,8 +519,10 @@ async fn the_wal_is_truncated_every_wal_restart_after_bytes_under_sustained_comm
         starts_over >= stats.n_bytes_committed / (BOUND + group_max),
         "{stats:?}"
     );
-    // No reader here: the catch-up after each checkpoint lets SQLite start the WAL over in place.
-    assert!(stats.n_wal_resets >= 1, "{stats:?}");
+    // No reader here: the catch-up after each checkpoint lets SQLite start the WAL over in place,
+    // at the next commit (the last catch-up may have none after it).
+    assert!(stats.n_catch_ups >= 1, "{stats:?}");
+    assert!(stats.n_wal_resets + 1 >= stats.n_catch_ups, "{stats:?}");
     // The WAL holds the pages of the commits since the last restart only: ~0.5 MB here, against
     // ~20 MB (about four WAL bytes an event byte) when nothing truncates it.
     let wal = std::fs::metadata(dir.path().join(format!("{DB_FILE_NAME}-wal")))

@@ -22,6 +22,8 @@
 //! agents). Should the WAL never start over (a reader still reading an old snapshot every time),
 //! every `wal_restart_after_bytes` the writer checkpoints the whole WAL and truncates it between
 //! two groups (`restart_wal_if_due`); either way the `-wal` file is bounded under sustained load.
+//! A truncation due right after a catch-up that copied the WAL whole waits for the next commit,
+//! which starts the WAL over itself (seen by the WAL header's salts).
 //! While nothing is queued, the writer writes the `-wal` file's blocks (zeros, 1 MiB a chunk, each
 //! synced) ahead of SQLite's end of the WAL, up to `checkpoint_after_bytes`
 //! (`SqliteConfig::wal_prefill_bytes`, `prefill_wal`): a commit's fsync then overwrites blocks the
@@ -120,6 +122,26 @@ pub(super) struct Writer {
     wal_filled: u64,
     /// A prefill chunk could not be written (the disk full, say): the writer writes no more.
     prefill_off: bool,
+    /// The last catch-up copied every frame of the WAL and no commit has run since: the salts
+    /// of the WAL's header then. SQLite starts the WAL over at the next commit (unless a reader
+    /// still reads from it), so a truncation due now waits for that commit and is needed only if
+    /// it did not (`restart_wal_if_due`); and that commit started it over if the salts changed,
+    /// which SQLite does at every start, even where the commit wrote as many frames as the WAL
+    /// held (its frame count alone cannot show that reset).
+    wal_copied_whole: Option<WalSalts>,
+}
+
+/// The two salts of a WAL's header (bytes 16–23), which SQLite changes whenever it starts the WAL
+/// over.
+type WalSalts = [u8; 8];
+
+/// The salts in the header of the `-wal` file beside `db_path`; `None` if it cannot be read (no
+/// WAL yet, say).
+fn read_wal_salts(db_path: &std::path::Path) -> Option<WalSalts> {
+    let file = File::open(super::open::beside(db_path, "-wal")).ok()?;
+    let mut salts = [0u8; 8];
+    file.read_exact_at(&mut salts, 16).ok()?;
+    Some(salts)
 }
 
 /// What a commit did to the WAL (`Writer::wal_after_commit`).
@@ -156,6 +178,7 @@ impl Writer {
             frame_bytes: page_bytes + WAL_FRAME_HEADER_BYTES,
             wal_filled: 0,
             prefill_off: false,
+            wal_copied_whole: None,
         }
     }
 
@@ -192,11 +215,14 @@ impl Writer {
     }
 
     /// After a commit: the WAL bytes it wrote (the frames it added, or with no WAL hook the
-    /// events' bytes, `event_bytes`), and whether the WAL started over at it (it holds fewer
-    /// frames than after the commit before), which SQLite does at the first commit after a
-    /// checkpoint copied all of it when no reader still reads from it. Then the WAL is as short as
-    /// one group again, and every frame in it is this commit's.
-    fn wal_after_commit(&mut self, event_bytes: u64) -> WalAdvance {
+    /// events' bytes, `event_bytes`), and whether the WAL started over at it, which SQLite does at
+    /// the first commit after a checkpoint copied all of it when no reader still reads from it:
+    /// the WAL holds fewer frames than after the commit before, or, after a catch-up that copied
+    /// it whole, its header's salts changed (`wal_copied_whole`; a group can write as many frames
+    /// as the WAL held). Then the WAL is as short as one group again, and every frame in it is
+    /// this commit's.
+    fn wal_after_commit(&mut self, event_bytes: u64, db_path: &std::path::Path) -> WalAdvance {
+        let salts_before = self.wal_copied_whole.take();
         let Some(frames) = &self.wal_frames else {
             return WalAdvance {
                 reset: false,
@@ -204,7 +230,11 @@ impl Writer {
             };
         };
         let now = frames.load(Ordering::Relaxed);
-        let reset = now < self.wal_frames_before;
+        let salts_changed = || {
+            salts_before
+                .is_some_and(|before| read_wal_salts(db_path).is_some_and(|salts| salts != before))
+        };
+        let reset = now < self.wal_frames_before || salts_changed();
         let added = if reset {
             now
         } else {
@@ -459,7 +489,7 @@ fn commit_group(shared: &Shared, writer: &mut Writer, group: Vec<Request>) {
                     }
                 }
             }
-            let wal = writer.wal_after_commit(n_bytes);
+            let wal = writer.wal_after_commit(n_bytes, &shared.db_path);
             if wal.reset {
                 c.n_wal_resets.fetch_add(1, Ordering::SeqCst);
                 writer.wal_bytes_since_restart = 0;
@@ -651,13 +681,23 @@ async fn catch_up_if_due(
     let done = writer_job(shared, writer, "WAL catch-up", |shared, writer| {
         let started = Instant::now();
         match wal_checkpoint(&writer.db, "PASSIVE") {
-            Ok((busy, n_wal_frames, n_checkpointed)) => debug!(
-                busy,
-                n_wal_frames,
-                n_checkpointed,
-                catch_up_us = started.elapsed().as_micros() as u64,
-                "wal caught up"
-            ),
+            Ok((busy, n_wal_frames, n_checkpointed)) => {
+                writer.wal_copied_whole = (busy == 0 && n_checkpointed == n_wal_frames)
+                    .then(|| read_wal_salts(&shared.db_path))
+                    .flatten();
+                if busy == 0 && n_checkpointed == n_wal_frames {
+                    // Nothing is left to copy: a checkpoint started now would only stand in the
+                    // way of the next commit's reset.
+                    writer.wal_bytes_since_checkpoint = 0;
+                }
+                debug!(
+                    busy,
+                    n_wal_frames,
+                    n_checkpointed,
+                    catch_up_us = started.elapsed().as_micros() as u64,
+                    "wal caught up"
+                );
+            }
             Err(e) => shared.poison(format!("wal catch-up failed: {}", describe(&e))),
         }
     })
@@ -762,7 +802,11 @@ fn add_elapsed(counter: &AtomicU64, since: Instant) -> std::time::Duration {
 /// Checkpoints the whole WAL and truncates it once `wal_restart_after_bytes` were written since
 /// the last time, between two groups: the running passive checkpoint is waited for, and the next
 /// group waits for this one (it copies what the passive ones have not, about one
-/// `checkpoint_after_bytes` at most, and syncs). `None` if the blocking job itself failed (the
+/// `checkpoint_after_bytes` at most, and syncs). Not right after a catch-up that copied the whole
+/// WAL: SQLite starts it over at the next commit, which the truncation would only make slower (it
+/// also frees the blocks written ahead, `prefill_wal`); if that commit finds a reader in the way,
+/// the truncation runs after it. Under commits that never pause, every catch-up was followed by a
+/// truncation whenever a group ended past the bound. `None` if the blocking job itself failed (the
 /// store is poisoned).
 async fn restart_wal_if_due(
     shared: &Arc<Shared>,
@@ -770,6 +814,7 @@ async fn restart_wal_if_due(
     writer: Writer,
 ) -> Option<Writer> {
     if writer.wal_bytes_since_restart < shared.config.wal_restart_after_bytes
+        || writer.wal_copied_whole.is_some()
         || shared.poison.get().is_some()
     {
         return Some(writer);
@@ -1182,8 +1227,8 @@ mod tests {
     /// A passive checkpoint that ended behind the commits (here: a reader held it back, as commits
     /// made while it ran do) leaves the WAL to grow: the next commits append to it. Its catch-up
     /// copies the rest, and SQLite starts the WAL over at the next commit: the reset is counted, the
-    /// frames drop, and the count toward a truncation starts again. A group that writes no page is
-    /// no reset. The catch-up is due once per started checkpoint, only once that one finished, never
+    /// frames drop, and the count toward a truncation starts again; a truncation due between the
+    /// catch-up and that commit is left to it. A group that writes no page is no reset. The catch-up is due once per started checkpoint, only once that one finished, never
     /// on a poisoned store.
     #[tokio::test]
     async fn the_catch_up_after_a_checkpoint_lets_the_next_commit_start_the_wal_over() {
@@ -1234,9 +1279,20 @@ mod tests {
             .await
             .expect("a writer");
         assert!(!checkpointer.catch_up_due);
-        writer.wal_bytes_since_restart = 1 << 20;
+        assert!(
+            writer.wal_copied_whole.is_some(),
+            "no reader: the catch-up copied all"
+        );
+        // A truncation due now waits for that commit, which starts the WAL over itself.
+        let bound = shared.config.wal_restart_after_bytes;
+        writer.wal_bytes_since_restart = bound;
+        let mut writer = restart_wal_if_due(&shared, &mut checkpointer, writer)
+            .await
+            .expect("a writer");
+        assert_eq!(shared.counters.n_wal_restarts.load(Ordering::SeqCst), 0);
         commit_events(&shared, &mut writer, "a", 60, 1);
         assert_eq!(resets(&shared), 1);
+        assert_eq!(writer.wal_copied_whole, None);
         let restarted = frames(&writer).expect("frames");
         assert!(
             restarted < after_first,
@@ -1244,7 +1300,7 @@ mod tests {
         );
         // Counted again from the reset: the few frames of the one commit since.
         assert!(
-            writer.wal_bytes_since_restart < 1 << 20,
+            writer.wal_bytes_since_restart < bound,
             "{}",
             writer.wal_bytes_since_restart
         );
@@ -1280,6 +1336,54 @@ mod tests {
             .await
             .expect("a writer");
         assert!(checkpointer.catch_up_due);
+    }
+
+    /// A commit after a catch-up that copied the WAL whole starts it over even where it writes more
+    /// frames than the WAL held, so its frame count rises: the header's new salts show the reset,
+    /// and all its frames are counted as written. A commit after it that appends is no reset.
+    #[tokio::test]
+    async fn a_reset_is_seen_by_the_wal_header_when_the_commit_outgrows_the_wal_it_replaced() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = SqliteConfig {
+            checkpoint_after_bytes: 1,
+            ..SqliteConfig::default()
+        };
+        let (shared, mut writer) = parts(dir.path(), config).await;
+        let resets = |shared: &Shared| shared.counters.n_wal_resets.load(Ordering::SeqCst);
+        let frames = |writer: &Writer| {
+            writer
+                .wal_frames
+                .as_ref()
+                .map(|f| f.load(Ordering::Relaxed))
+        };
+        commit_events(&shared, &mut writer, "a", 0, 1);
+        let small = frames(&writer).expect("the WAL hook is installed");
+        let mut checkpointer = Checkpointer::default();
+        checkpointer.start_if_due(&shared, &mut writer);
+        checkpointer.finish().await;
+        let mut writer = catch_up_if_due(&shared, &mut checkpointer, writer)
+            .await
+            .expect("a writer");
+        let salts = writer
+            .wal_copied_whole
+            .expect("copied whole, the salts read");
+        assert_eq!(writer.wal_bytes_since_checkpoint, 0, "nothing left to copy");
+        let wal_bytes = || shared.counters.n_wal_bytes_committed.load(Ordering::SeqCst);
+        let before = wal_bytes();
+        commit_events(&shared, &mut writer, "a", 1, 200);
+        let big = frames(&writer).expect("frames");
+        assert!(
+            big > small,
+            "{big} frames after {small}: the count alone shows no reset"
+        );
+        assert_eq!(resets(&shared), 1);
+        assert_ne!(read_wal_salts(&shared.db_path), Some(salts));
+        assert_eq!(wal_bytes() - before, big * writer.frame_bytes);
+        assert_eq!(writer.wal_bytes_since_restart, big * writer.frame_bytes);
+        assert_eq!(writer.wal_copied_whole, None);
+        commit_events(&shared, &mut writer, "a", 201, 1);
+        assert_eq!(resets(&shared), 1);
+        assert_eq!(shared.poison.get(), None);
     }
 
     /// A checkpoint that ended more than `CATCH_UP_FRAMES_MAX` frames behind the commits (a reader
