@@ -971,6 +971,28 @@ mod tests {
         (shared, writer)
     }
 
+    /// `parts` with a checkpoint due after every commit (`checkpoint_after_bytes` 1).
+    async fn parts_checkpointing_always(dir: &Path) -> (Arc<Shared>, Writer) {
+        let config = SqliteConfig {
+            checkpoint_after_bytes: 1,
+            ..SqliteConfig::default()
+        };
+        parts(dir, config).await
+    }
+
+    /// The frames in the WAL after the last commit, as the WAL hook reported them.
+    fn wal_frames(writer: &Writer) -> u64 {
+        writer
+            .wal_frames
+            .as_ref()
+            .map(|f| f.load(Ordering::Relaxed))
+            .expect("the WAL hook is installed")
+    }
+
+    fn resets(shared: &Shared) -> u64 {
+        shared.counters.n_wal_resets.load(Ordering::SeqCst)
+    }
+
     fn sid(id: &str) -> SessionId {
         SessionId::new(id).expect("a valid session id")
     }
@@ -1233,30 +1255,19 @@ mod tests {
     #[tokio::test]
     async fn the_catch_up_after_a_checkpoint_lets_the_next_commit_start_the_wal_over() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = SqliteConfig {
-            checkpoint_after_bytes: 1,
-            ..SqliteConfig::default()
-        };
-        let (shared, writer) = parts(dir.path(), config).await;
-        let resets = |shared: &Shared| shared.counters.n_wal_resets.load(Ordering::SeqCst);
-        let frames = |writer: &Writer| {
-            writer
-                .wal_frames
-                .as_ref()
-                .map(|f| f.load(Ordering::Relaxed))
-        };
+        let (shared, writer) = parts_checkpointing_always(dir.path()).await;
         let mut checkpointer = Checkpointer::default();
         // Nothing started: no catch-up.
         let mut writer = catch_up_if_due(&shared, &mut checkpointer, writer)
             .await
             .expect("a writer");
         commit_events(&shared, &mut writer, "a", 0, 20);
-        let after_first = frames(&writer).expect("the WAL hook is installed");
+        let after_first = wal_frames(&writer);
         assert!(after_first > 0);
         // A group that writes no page leaves the WAL as it was: no reset.
         let (empty, _answer) = request(empty_append("a"));
         commit_group(&shared, &mut writer, vec![empty]);
-        assert_eq!(frames(&writer), Some(after_first));
+        assert_eq!(wal_frames(&writer), after_first);
         assert_eq!(resets(&shared), 0);
         let reader = Connection::open(dir.path().join(DB_FILE_NAME)).expect("a reader");
         reader.execute_batch("BEGIN").expect("begin");
@@ -1271,7 +1282,7 @@ mod tests {
         reader.execute_batch("COMMIT").expect("end the read");
         // The checkpoint stopped at the reader's snapshot: the WAL keeps growing.
         commit_events(&shared, &mut writer, "a", 40, 20);
-        let grown = frames(&writer).expect("frames");
+        let grown = wal_frames(&writer);
         assert!(grown > after_first, "{grown} frames after {after_first}");
         assert_eq!(resets(&shared), 0);
 
@@ -1293,7 +1304,7 @@ mod tests {
         commit_events(&shared, &mut writer, "a", 60, 1);
         assert_eq!(resets(&shared), 1);
         assert_eq!(writer.wal_copied_whole, None);
-        let restarted = frames(&writer).expect("frames");
+        let restarted = wal_frames(&writer);
         assert!(
             restarted < after_first,
             "{restarted} frames after the reset"
@@ -1344,20 +1355,9 @@ mod tests {
     #[tokio::test]
     async fn a_reset_is_seen_by_the_wal_header_when_the_commit_outgrows_the_wal_it_replaced() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = SqliteConfig {
-            checkpoint_after_bytes: 1,
-            ..SqliteConfig::default()
-        };
-        let (shared, mut writer) = parts(dir.path(), config).await;
-        let resets = |shared: &Shared| shared.counters.n_wal_resets.load(Ordering::SeqCst);
-        let frames = |writer: &Writer| {
-            writer
-                .wal_frames
-                .as_ref()
-                .map(|f| f.load(Ordering::Relaxed))
-        };
+        let (shared, mut writer) = parts_checkpointing_always(dir.path()).await;
         commit_events(&shared, &mut writer, "a", 0, 1);
-        let small = frames(&writer).expect("the WAL hook is installed");
+        let small = wal_frames(&writer);
         let mut checkpointer = Checkpointer::default();
         checkpointer.start_if_due(&shared, &mut writer);
         checkpointer.finish().await;
@@ -1371,7 +1371,7 @@ mod tests {
         let wal_bytes = || shared.counters.n_wal_bytes_committed.load(Ordering::SeqCst);
         let before = wal_bytes();
         commit_events(&shared, &mut writer, "a", 1, 200);
-        let big = frames(&writer).expect("frames");
+        let big = wal_frames(&writer);
         assert!(
             big > small,
             "{big} frames after {small}: the count alone shows no reset"
@@ -1394,11 +1394,7 @@ mod tests {
     #[tokio::test]
     async fn a_checkpoint_far_behind_the_commits_gets_another_pass_before_the_catch_up() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = SqliteConfig {
-            checkpoint_after_bytes: 1,
-            ..SqliteConfig::default()
-        };
-        let (shared, mut writer) = parts(dir.path(), config).await;
+        let (shared, mut writer) = parts_checkpointing_always(dir.path()).await;
         let checkpoints = |shared: &Shared| shared.counters.n_checkpoints.load(Ordering::SeqCst);
         let mut checkpointer = Checkpointer::default();
         commit_events(&shared, &mut writer, "a", 0, 20);
@@ -1414,11 +1410,7 @@ mod tests {
             tokio::task::yield_now().await;
         }
         reader.execute_batch("COMMIT").expect("end the read");
-        let frames = writer
-            .wal_frames
-            .as_ref()
-            .map(|f| f.load(Ordering::Relaxed))
-            .expect("the WAL hook is installed");
+        let frames = wal_frames(&writer);
         let behind = frames - checkpointer.backfilled.load(Ordering::Relaxed);
         assert!(behind > CATCH_UP_FRAMES_MAX, "{behind} frames behind");
 
@@ -1545,11 +1537,7 @@ mod tests {
     #[tokio::test]
     async fn finish_waits_for_the_running_checkpoint() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = SqliteConfig {
-            checkpoint_after_bytes: 1,
-            ..SqliteConfig::default()
-        };
-        let (shared, mut writer) = parts(dir.path(), config).await;
+        let (shared, mut writer) = parts_checkpointing_always(dir.path()).await;
         let mut checkpointer = Checkpointer::default();
         writer.wal_bytes_since_checkpoint = 1;
         checkpointer.start_if_due(&shared, &mut writer);
