@@ -1,6 +1,7 @@
 //! What one `fdatasync` costs on the disk under a directory, by where the write before it lands:
 //! over blocks the file already has, at its end (the file grows), or into blocks `fallocate`
-//! reserved. The SQLite writer writes the `-wal` file's blocks ahead of SQLite
+//! reserved; and, after an overwrite, `fsync` (what SQLite calls, built without `HAVE_FDATASYNC`)
+//! against `fdatasync`. The SQLite writer writes the `-wal` file's blocks ahead of SQLite
 //! (`SqliteConfig::wal_prefill_bytes`) because of the difference (BENCHMARKS.md, "the WAL's
 //! blocks written ahead").
 //!
@@ -68,11 +69,22 @@ fn time_syncs(
     samples: usize,
     offset: impl Fn(usize) -> u64,
 ) -> io::Result<Vec<f64>> {
+    time_writes(file, buf, samples, offset, File::sync_data)
+}
+
+/// Times `samples` rounds of writing `buf` at `offset(i)` and `sync`, in microseconds.
+fn time_writes(
+    file: &File,
+    buf: &[u8],
+    samples: usize,
+    offset: impl Fn(usize) -> u64,
+    sync: fn(&File) -> io::Result<()>,
+) -> io::Result<Vec<f64>> {
     let mut took = Vec::with_capacity(samples);
     for i in 0..samples {
         let started = Instant::now();
         file.write_all_at(buf, offset(i))?;
-        file.sync_data()?;
+        sync(file)?;
         took.push(started.elapsed().as_secs_f64() * 1e6);
     }
     Ok(took)
@@ -112,6 +124,10 @@ fn round(args: &Args) -> io::Result<()> {
     report(
         "overwrite what was appended",
         time_syncs(&file, &buf, args.samples, at)?,
+    );
+    report(
+        "the same with fsync",
+        time_writes(&file, &buf, args.samples, at, File::sync_all)?,
     );
     drop(file);
     std::fs::remove_file(path)?;

@@ -1386,6 +1386,53 @@ mod tests {
         assert_eq!(shared.poison.get(), None);
     }
 
+    /// A prefill chunk the disk cannot take ends the prefilling and nothing else: here the `-wal`
+    /// file is `/dev/full`, whose every write fails with ENOSPC, as a full disk's does. Nothing is
+    /// counted as written ahead, the store is not poisoned (its commits go on), and no prefill is
+    /// wanted again. A working WAL is then written ahead as before.
+    #[tokio::test]
+    async fn a_prefill_chunk_the_disk_cannot_take_ends_the_prefilling() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (shared, mut writer) = parts(dir.path(), SqliteConfig::default()).await;
+        commit_events(&shared, &mut writer, "a", 0, 1);
+        let wanted = writer
+            .prefill_wanted(&shared)
+            .expect("a fresh WAL wants its blocks ahead");
+        assert!(wanted >= PREFILL_CHUNK_BYTES, "{wanted}");
+
+        let full = tempfile::tempdir().expect("tempdir");
+        assert!(Path::new("/dev/full").exists(), "this test needs /dev/full");
+        std::os::unix::fs::symlink("/dev/full", full.path().join(format!("{DB_FILE_NAME}-wal")))
+            .expect("a symlink");
+        let on_full = Shared::new(
+            full.path(),
+            full.path().join(DB_FILE_NAME),
+            SqliteConfig::default(),
+            None,
+        );
+        prefill_wal(&on_full, &mut writer, wanted);
+        assert!(writer.prefill_off);
+        let c = &on_full.counters;
+        assert_eq!(c.n_wal_prefill_bytes.load(Ordering::SeqCst), 0);
+        assert_eq!(c.n_wal_prefill_chunks.load(Ordering::SeqCst), 0);
+        assert_eq!(on_full.poison.get(), None);
+        assert_eq!(writer.prefill_wanted(&shared), None);
+        commit_events(&shared, &mut writer, "a", 1, 1);
+        assert_eq!(shared.poison.get(), None);
+
+        writer.prefill_off = false;
+        let wanted = writer.prefill_wanted(&shared).expect("wanted again");
+        prefill_wal(&shared, &mut writer, wanted);
+        assert_eq!(
+            shared.counters.n_wal_prefill_chunks.load(Ordering::SeqCst),
+            1
+        );
+        let wal = super::super::open::beside(&shared.db_path, "-wal");
+        let len = std::fs::metadata(&wal).expect("the WAL").len();
+        assert_eq!(writer.wal_filled, len);
+        assert!(!writer.prefill_off);
+    }
+
     /// A checkpoint that ended more than `CATCH_UP_FRAMES_MAX` frames behind the commits (a reader
     /// held it back, as commits made while it ran do) is followed by another pass beside the
     /// commits, not by the catch-up that would hold them; once a pass ended close enough, the
