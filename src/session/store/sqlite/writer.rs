@@ -235,6 +235,11 @@ impl Writer {
                 .is_some_and(|before| read_wal_salts(db_path).is_some_and(|salts| salts != before))
         };
         let reset = now < self.wal_frames_before || salts_changed();
+        if !reset && now == self.wal_frames_before {
+            // No page written (SQLite starts the WAL over only to write one): the next commit
+            // that writes is the one that may start it over.
+            self.wal_copied_whole = salts_before;
+        }
         let added = if reset {
             now
         } else {
@@ -1351,7 +1356,8 @@ mod tests {
 
     /// A commit after a catch-up that copied the WAL whole starts it over even where it writes more
     /// frames than the WAL held, so its frame count rises: the header's new salts show the reset,
-    /// and all its frames are counted as written. A commit after it that appends is no reset.
+    /// and all its frames are counted as written. A group that writes no page before it leaves
+    /// that to the next. A commit after it that appends is no reset.
     #[tokio::test]
     async fn a_reset_is_seen_by_the_wal_header_when_the_commit_outgrows_the_wal_it_replaced() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -1368,6 +1374,10 @@ mod tests {
             .wal_copied_whole
             .expect("copied whole, the salts read");
         assert_eq!(writer.wal_bytes_since_checkpoint, 0, "nothing left to copy");
+        let (empty, _answer) = request(empty_append("a"));
+        commit_group(&shared, &mut writer, vec![empty]);
+        assert_eq!(resets(&shared), 0);
+        assert_eq!(writer.wal_copied_whole, Some(salts));
         let wal_bytes = || shared.counters.n_wal_bytes_committed.load(Ordering::SeqCst);
         let before = wal_bytes();
         commit_events(&shared, &mut writer, "a", 1, 200);
