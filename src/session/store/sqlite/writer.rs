@@ -687,10 +687,9 @@ async fn catch_up_if_due(
         let started = Instant::now();
         match wal_checkpoint(&writer.db, "PASSIVE") {
             Ok((busy, n_wal_frames, n_checkpointed)) => {
-                writer.wal_copied_whole = (busy == 0 && n_checkpointed == n_wal_frames)
-                    .then(|| read_wal_salts(&shared.db_path))
-                    .flatten();
-                if busy == 0 && n_checkpointed == n_wal_frames {
+                let whole = busy == 0 && n_checkpointed == n_wal_frames;
+                writer.wal_copied_whole = whole.then(|| read_wal_salts(&shared.db_path)).flatten();
+                if whole {
                     // Nothing is left to copy: a checkpoint started now would only stand in the
                     // way of the next commit's reset.
                     writer.wal_bytes_since_checkpoint = 0;
@@ -1255,8 +1254,9 @@ mod tests {
     /// made while it ran do) leaves the WAL to grow: the next commits append to it. Its catch-up
     /// copies the rest, and SQLite starts the WAL over at the next commit: the reset is counted, the
     /// frames drop, and the count toward a truncation starts again; a truncation due between the
-    /// catch-up and that commit is left to it. A group that writes no page is no reset. The catch-up is due once per started checkpoint, only once that one finished, never
-    /// on a poisoned store.
+    /// catch-up and that commit is left to it. A group that writes no page is no reset. The
+    /// catch-up is due once per started checkpoint, only once that one finished, never on a
+    /// poisoned store.
     #[tokio::test]
     async fn the_catch_up_after_a_checkpoint_lets_the_next_commit_start_the_wal_over() {
         let dir = tempfile::tempdir().expect("tempdir");
