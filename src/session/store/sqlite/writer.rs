@@ -27,7 +27,7 @@
 //! While nothing is queued, the writer writes the `-wal` file's blocks (zeros, 1 MiB a chunk, each
 //! synced) ahead of SQLite's end of the WAL, up to `checkpoint_after_bytes`
 //! (`SqliteConfig::wal_prefill_bytes`, `prefill_wal`): a commit's fsync then overwrites blocks the
-//! file has instead of also journalling its new size, which cost a fresh store's commits about
+//! file has instead of also writing out its new size and blocks, which cost a fresh store's commits about
 //! twice as much until the WAL had been started over once.
 //! Running the commits under `spawn_blocking` rather than on a thread of our own keeps tokio's
 //! paused test clock from jumping while an fsync runs (STYLE §5, tokio#5115); the job never waits
@@ -131,6 +131,11 @@ pub(super) struct Writer {
     wal_copied_whole: Option<WalSalts>,
 }
 
+/// The `-wal` file of the database `db_path`.
+fn wal_path(db_path: &std::path::Path) -> std::path::PathBuf {
+    super::open::beside(db_path, "-wal")
+}
+
 /// The two salts of a WAL's header (bytes 16–23), which SQLite changes whenever it starts the WAL
 /// over.
 type WalSalts = [u8; 8];
@@ -138,7 +143,7 @@ type WalSalts = [u8; 8];
 /// The salts in the header of the `-wal` file beside `db_path`; `None` if it cannot be read (no
 /// WAL yet, say).
 fn read_wal_salts(db_path: &std::path::Path) -> Option<WalSalts> {
-    let file = File::open(super::open::beside(db_path, "-wal")).ok()?;
+    let file = File::open(wal_path(db_path)).ok()?;
     let mut salts = [0u8; 8];
     file.read_exact_at(&mut salts, 16).ok()?;
     Some(salts)
@@ -744,7 +749,7 @@ async fn writer_job(
 /// pages, and SQLite's next sync of the file would report it too).
 fn prefill_wal(shared: &Shared, writer: &mut Writer, wanted: u64) {
     let started = Instant::now();
-    let path = super::open::beside(&shared.db_path, "-wal");
+    let path = wal_path(&shared.db_path);
     let file = match OpenOptions::new().write(true).open(&path) {
         Ok(file) => file,
         Err(e) => {
@@ -1437,7 +1442,7 @@ mod tests {
             shared.counters.n_wal_prefill_chunks.load(Ordering::SeqCst),
             1
         );
-        let wal = super::super::open::beside(&shared.db_path, "-wal");
+        let wal = wal_path(&shared.db_path);
         let len = std::fs::metadata(&wal).expect("the WAL").len();
         assert_eq!(writer.wal_filled, len);
         assert!(!writer.prefill_off);
