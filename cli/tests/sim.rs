@@ -203,6 +203,9 @@ async fn fifty_agents_two_turns_add_up_against_the_store() {
     // a checkpoint waits for, so it holds the commits for none).
     assert_eq!(u(&v, "store_catch_ups"), 0);
     assert_eq!(f(&v, "store_commits_held_ms"), 0.0);
+    // Nor does its WAL start over or get truncated.
+    assert_eq!(u(&v, "store_wal_resets"), 0);
+    assert_eq!(u(&v, "store_wal_truncations"), 0);
     // The writer writes the WAL's blocks ahead of SQLite only by about what SQLite wrote to it
     // since the open (at least 2 MiB past its end), and the chunks took time if there were any.
     let prefill = u(&v, "store_wal_prefill_bytes");
@@ -257,6 +260,41 @@ async fn without_keep_store_the_run_leaves_nothing_behind() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
+/// The human report names what the writer did to the WAL on SQLite: its catch-ups, and how often
+/// the WAL started over in place or was truncated (none of either in a run this small); the memory
+/// store has no WAL and no such lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_text_report_says_how_the_wal_started_over_on_sqlite_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let report = |store: &'static str| {
+        let dir = dir.path().to_path_buf();
+        async move {
+            let flags = ["--agents", "5", "--hibernate-ms", "10", "--ceiling-ms", "0"];
+            let mut flags = flags.to_vec();
+            flags.extend(["--store", store]);
+            let out = sim_output(&dir, &flags)
+                .await
+                .unwrap_or_else(|e| panic!("dsh sim --store {store} failed: {e}"));
+            String::from_utf8(out).expect("the report is UTF-8")
+        }
+    };
+    let sqlite = report("sqlite").await;
+    let lines: Vec<&str> = sqlite
+        .lines()
+        .filter(|l| l.trim_start().starts_with("WAL "))
+        .map(str::trim)
+        .collect();
+    assert!(
+        lines.contains(&"WAL starts over          0 in place, 0 truncated"),
+        "{sqlite}"
+    );
+    assert!(
+        lines.iter().any(|l| l.starts_with("WAL catch-ups")),
+        "{sqlite}"
+    );
+    let memory = report("memory").await;
+    assert!(!memory.contains("WAL "), "{memory}");
+}
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_steer_is_acknowledged_and_claimed() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -294,6 +332,8 @@ async fn every_steer_is_acknowledged_and_claimed() {
         v["store_writer_cpu_ms"].is_null()
             && v["store_wal_bytes"].is_null()
             && v["store_catch_ups"].is_null()
+            && v["store_wal_resets"].is_null()
+            && v["store_wal_truncations"].is_null()
             && v["store_commits_held_ms"].is_null()
             && v["store_wal_prefill_bytes"].is_null()
             && v["store_wal_prefill_ms"].is_null(),

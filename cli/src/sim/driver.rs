@@ -456,6 +456,10 @@ pub(super) struct TurnsPhase {
     pub(super) store_wal_bytes: Option<u64>,
     /// Catch-ups of the WAL the writer ran between groups (sqlite only).
     pub(super) store_catch_ups: Option<u64>,
+    /// Times SQLite started the WAL over in place (sqlite only).
+    pub(super) store_wal_resets: Option<u64>,
+    /// Times the writer checkpointed the whole WAL and truncated it (sqlite only).
+    pub(super) store_wal_truncations: Option<u64>,
     /// Wall time the writer held the commits for its catch-ups and WAL restarts (sqlite only).
     pub(super) store_commits_held: Option<Duration>,
     /// Zeros the writer wrote ahead of SQLite at the `-wal` file's end, and the time their chunks
@@ -587,6 +591,8 @@ async fn run_turns(
         store_groups: counted_since(store.n_groups(), groups_before),
         store_wal_bytes: sqlite_grown(|s| s.n_wal_bytes_committed),
         store_catch_ups: sqlite_grown(|s| s.n_catch_ups),
+        store_wal_resets: sqlite_grown(|s| s.n_wal_resets),
+        store_wal_truncations: sqlite_grown(|s| s.n_wal_restarts),
         store_commits_held: sqlite_grown(|s| s.commits_held_ns).map(Duration::from_nanos),
         store_wal_prefill: sqlite_grown(|s| s.n_wal_prefill_bytes)
             .zip(sqlite_grown(|s| s.wal_prefill_ns).map(Duration::from_nanos)),

@@ -102,6 +102,13 @@ pub struct SimReport {
     /// commits waiting, it copies the WAL frames committed while a checkpoint ran beside them, so
     /// that SQLite can start the WAL over (one per `checkpoint_after_bytes` of WAL, about).
     pub store_catch_ups: Option<u64>,
+    /// Times SQLite started the WAL over from its beginning during the run, at the first commit
+    /// after a catch-up (or a checkpoint) had copied all of it: how the `-wal` file stays bounded
+    /// without being truncated.
+    pub store_wal_resets: Option<u64>,
+    /// Times the sqlite store's writer checkpointed the whole WAL and truncated it during the run
+    /// (`wal_restart_after_bytes` written with no reset: a reader was in the way).
+    pub store_wal_truncations: Option<u64>,
     /// Wall time the sqlite store's writer held the commits for its catch-ups and WAL truncations
     /// during the run, in all: what those added to the acknowledgements waiting behind them.
     pub store_commits_held_ms: Option<f64>,
@@ -229,6 +236,8 @@ impl SimReport {
                 .map(|g| g as f64 / turns.turns as f64),
             store_wal_bytes: turns.store_wal_bytes,
             store_catch_ups: turns.store_catch_ups,
+            store_wal_resets: turns.store_wal_resets,
+            store_wal_truncations: turns.store_wal_truncations,
             store_commits_held_ms: turns.store_commits_held.map(|d| d.as_secs_f64() * 1000.0),
             store_wal_prefill_bytes: turns.store_wal_prefill.map(|(bytes, _)| bytes),
             store_wal_prefill_ms: turns
@@ -382,6 +391,12 @@ impl SimReport {
                 } else {
                     String::new()
                 }
+            )?;
+        }
+        if let Some((resets, truncations)) = self.store_wal_resets.zip(self.store_wal_truncations) {
+            writeln!(
+                out,
+                "  WAL starts over {resets:>10} in place, {truncations} truncated"
             )?;
         }
         if let Some((bytes, ms)) = self.store_wal_prefill_bytes.zip(self.store_wal_prefill_ms) {
