@@ -269,9 +269,16 @@ async fn the_text_report_says_how_the_wal_started_over_on_sqlite_only() {
     let report = |store: &'static str| {
         let dir = dir.path().to_path_buf();
         async move {
-            let flags = ["--agents", "5", "--hibernate-ms", "10", "--ceiling-ms", "0"];
-            let mut flags = flags.to_vec();
-            flags.extend(["--store", store]);
+            let flags = [
+                "--agents",
+                "5",
+                "--hibernate-ms",
+                "10",
+                "--ceiling-ms",
+                "0",
+                "--store",
+                store,
+            ];
             let out = sim_output(&dir, &flags)
                 .await
                 .unwrap_or_else(|e| panic!("dsh sim --store {store} failed: {e}"));
@@ -295,6 +302,7 @@ async fn the_text_report_says_how_the_wal_started_over_on_sqlite_only() {
     let memory = report("memory").await;
     assert!(!memory.contains("WAL "), "{memory}");
 }
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_steer_is_acknowledged_and_claimed() {
     let dir = tempfile::tempdir().expect("tempdir");
