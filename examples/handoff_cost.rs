@@ -130,6 +130,12 @@ async fn own_thread(samples: usize, work: Duration) -> f64 {
     took
 }
 
+/// Runs one way in a task of its own, as an agent's handler runs, not on the main thread; NaN if
+/// the task panicked.
+async fn in_a_task(way: impl Future<Output = f64> + Send + 'static) -> f64 {
+    tokio::spawn(way).await.unwrap_or(f64::NAN)
+}
+
 fn main() {
     let args = match parse_args() {
         Ok(args) => args,
@@ -156,19 +162,10 @@ fn main() {
     );
     runtime.block_on(async move {
         for n in 1..=args.rounds {
-            // Each way runs in a task of its own, as an agent's handler does, not on the main thread.
-            let base = tokio::spawn(in_place(samples, work))
-                .await
-                .unwrap_or(f64::NAN);
-            let pool = tokio::spawn(blocking_pool(samples, work))
-                .await
-                .unwrap_or(f64::NAN);
-            let task = tokio::spawn(behind_a_task(samples, work))
-                .await
-                .unwrap_or(f64::NAN);
-            let thread = tokio::spawn(own_thread(samples, work))
-                .await
-                .unwrap_or(f64::NAN);
+            let base = in_a_task(in_place(samples, work)).await;
+            let pool = in_a_task(blocking_pool(samples, work)).await;
+            let task = in_a_task(behind_a_task(samples, work)).await;
+            let thread = in_a_task(own_thread(samples, work)).await;
             println!(
                 "round {n}: in place {base:.1} µs; spawn_blocking +{:.1}; behind a task +{:.1}; \
                  own thread +{:.1}",
